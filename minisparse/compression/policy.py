@@ -1,0 +1,236 @@
+"""Selection policies: which cached tokens each layer keeps when a sequence's KV cache is
+compressed. SnapKV keeps the tokens the recent queries attend to; RKV (R-KV) also
+penalises tokens whose keys duplicate others'. Both keep the last `window` tokens.
+
+select() serves one sequence in one layer; select_batch() serves many rows (sequences x
+layers folded together) at once, in chunks of rows sized so the scratch memory (R-KV's
+L x L similarity matrix above all) stays under a cap.
+"""
+from __future__ import annotations
+
+import torch
+
+from minisparse.config import CompressConfig
+
+from .scoring import attention_importance, position_mask, redundancy
+
+POOLINGS = ("max", "avg")
+GROUP_POOLINGS = ("max", "mean")
+SELECTIONS = ("per_head", "per_layer")
+DEFAULT_CHUNK_BYTES = 1 << 30
+
+
+class SnapKV:
+    """Keep the tokens the last `window` queries attend to most, plus those queries' own."""
+
+    def __init__(
+        self,
+        budget: int = 512,
+        window: int = 8,
+        kernel_size: int = 7,
+        pooling: str = "max",
+        group_pooling: str = "max",
+        selection: str = "per_head",
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        _check(window >= 1, "window", f"must be >= 1, got {window}")
+        _check(budget > window, "budget", f"must exceed window={window}, got {budget}")
+        _check(kernel_size >= 1 and kernel_size % 2 == 1, "kernel_size",
+               f"must be a positive odd number, got {kernel_size}")
+        _check(pooling in POOLINGS, "pooling", f"must be one of {POOLINGS}, got {pooling!r}")
+        _check(group_pooling in GROUP_POOLINGS, "group_pooling",
+               f"must be one of {GROUP_POOLINGS}, got {group_pooling!r}")
+        _check(selection in SELECTIONS, "selection",
+               f"must be one of {SELECTIONS}, got {selection!r}")
+        _check(chunk_bytes > 0, "chunk_bytes", f"must be > 0, got {chunk_bytes}")
+        self.budget = budget
+        self.window = window
+        self.kernel_size = kernel_size
+        self.pooling = pooling
+        self.group_pooling = group_pooling
+        self.selection = selection
+        self.chunk_bytes = chunk_bytes
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+    # ---- public API -------------------------------------------------------------------
+
+    def select(self, keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        """Kept positions of one sequence in one layer: LongTensor [H_kv, min(L, budget)].
+
+        keys [H_kv, L, D] (post-RoPE, newest last), queries [H_q, W, D] (the last W
+        positions' post-RoPE queries). Ascending per head; all L positions when L <= budget.
+        """
+        self._check_single(keys, queries)
+        h_kv, length = keys.shape[0], keys.shape[1]
+        if length <= self.budget:
+            return torch.arange(length, device=keys.device).expand(h_kv, length).contiguous()
+        lengths = torch.tensor([length], device=keys.device)
+        return self._select_rows(keys.unsqueeze(0), queries.unsqueeze(0), lengths)[0]
+
+    def score(self, keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        """The scores select() ranks the L - W older tokens by: [H_kv, L - W], float32
+        (float64 for float64 inputs), before "per_layer" sums them over heads.
+        For diagnostics and tests (judging selections where scores tie)."""
+        self._check_single(keys, queries)
+        length = keys.shape[1]
+        _check(length > self.window, "keys", f"need more than window={self.window} tokens")
+        lengths = torch.tensor([length], device=keys.device)
+        scores = self._scores(keys.unsqueeze(0), queries.unsqueeze(0), lengths)
+        return scores[0, :, : length - self.window]
+
+    def select_batch(
+        self,
+        keys: torch.Tensor,
+        queries: torch.Tensor,
+        lengths: torch.Tensor,
+        chunk_bytes: int | None = None,
+    ) -> torch.Tensor:
+        """Kept positions of many rows: LongTensor [B, H_kv, budget], ascending per row.
+
+        keys [B, H_kv, Lmax, D] padded past lengths[b], queries [B, H_q, W, D], lengths [B]
+        with budget < lengths[b] <= Lmax. Row b equals select(keys[b, :, :lengths[b]],
+        queries[b]). chunk_bytes overrides the policy's scratch-memory cap for this call.
+        """
+        _check(keys.dim() == 4, "keys",
+               f"must be [B, H_kv, Lmax, D], got shape {tuple(keys.shape)}")
+        _check(queries.dim() == 4, "queries",
+               f"must be [B, H_q, W, D], got shape {tuple(queries.shape)}")
+        self._check_shapes(keys, queries)
+        _check(lengths.shape == (keys.shape[0],), "lengths",
+               f"must have shape ({keys.shape[0]},), got {tuple(lengths.shape)}")
+        _check(not lengths.is_floating_point(), "lengths", "must be an integer tensor")
+        if keys.shape[0] == 0:
+            return torch.empty(0, keys.shape[1], self.budget, dtype=torch.long,
+                               device=keys.device)
+        lo, hi = int(lengths.min()), int(lengths.max())
+        _check(lo > self.budget, "lengths", f"must all exceed budget={self.budget}, min {lo}")
+        _check(hi <= keys.shape[2], "lengths", f"must be <= Lmax={keys.shape[2]}, max {hi}")
+        lengths = lengths.to(device=keys.device, dtype=torch.long)
+        step = self.rows_per_chunk(keys, queries, chunk_bytes)
+        parts = [
+            self._select_rows(keys[i:i + step], queries[i:i + step], lengths[i:i + step])
+            for i in range(0, keys.shape[0], step)
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def rows_per_chunk(
+        self, keys: torch.Tensor, queries: torch.Tensor, chunk_bytes: int | None = None
+    ) -> int:
+        """How many rows one chunk of select_batch processes under the memory cap."""
+        cap = self.chunk_bytes if chunk_bytes is None else chunk_bytes
+        return max(1, cap // self._scratch_bytes_per_row(keys, queries))
+
+    # ---- internals --------------------------------------------------------------------
+
+    def _scores(
+        self, keys: torch.Tensor, queries: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """Eviction scores [B, H_kv, Lmax] (higher = keep); only positions < N_b are used."""
+        return attention_importance(keys, queries, lengths, self.kernel_size,
+                                    self.pooling, self.group_pooling)
+
+    def _select_rows(
+        self, keys: torch.Tensor, queries: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """Top budget - W older tokens by score plus the last W tokens, sorted."""
+        rows, h_kv, lmax, _ = keys.shape
+        scores = self._scores(keys, queries, lengths)
+        older = position_mask(lengths - self.window, lmax)[:, None, :]
+        scores = scores.masked_fill(~older, float("-inf"))
+        if self.selection == "per_layer":
+            scores = scores.sum(dim=1, keepdim=True)
+        top = scores.topk(self.budget - self.window, dim=-1).indices.expand(rows, h_kv, -1)
+        recent = torch.arange(self.window, device=keys.device) - self.window
+        recent = (lengths[:, None] + recent).unsqueeze(1).expand(rows, h_kv, -1)
+        return torch.cat([top, recent], dim=-1).sort(dim=-1).values
+
+    def _scratch_bytes_per_row(self, keys: torch.Tensor, queries: torch.Tensor) -> int:
+        """Peak temporary bytes of one row: float32 copies of the keys (up to three live
+        at once in R-KV's normalisation) and of the logits (pooled, masked, softmaxed)."""
+        h_kv, lmax, dim = keys.shape[1], keys.shape[2], keys.shape[3]
+        h_q, window = queries.shape[1], queries.shape[2]
+        return 4 * (3 * h_kv * lmax * dim + 3 * h_q * window * lmax) + 1
+
+    def _check_single(self, keys: torch.Tensor, queries: torch.Tensor) -> None:
+        """One row's shapes: keys [H_kv, L, D], queries [H_q, W, D]."""
+        _check(keys.dim() == 3, "keys", f"must be [H_kv, L, D], got shape {tuple(keys.shape)}")
+        _check(queries.dim() == 3, "queries",
+               f"must be [H_q, W, D], got shape {tuple(queries.shape)}")
+        self._check_shapes(keys.unsqueeze(0), queries.unsqueeze(0))
+
+    def _check_shapes(self, keys: torch.Tensor, queries: torch.Tensor) -> None:
+        """Batched shapes: keys [B, H_kv, L, D], queries [B, H_q, W, D]."""
+        (rows, h_kv, _, dim), (q_rows, h_q, window, q_dim) = keys.shape, queries.shape
+        _check(q_rows == rows, "queries", f"batch {q_rows} != keys batch {rows}")
+        _check(q_dim == dim, "queries", f"head dim {q_dim} != keys head dim {dim}")
+        _check(window == self.window, "queries",
+               f"hold {window} positions, the policy's window is {self.window}")
+        _check(h_kv >= 1 and h_q % h_kv == 0, "queries",
+               f"query heads {h_q} must be a multiple of KV heads {h_kv}")
+        _check(keys.dtype == queries.dtype, "queries",
+               f"dtype {queries.dtype} != keys dtype {keys.dtype}")
+        _check(keys.device == queries.device, "queries",
+               f"device {queries.device} != keys device {keys.device}")
+
+
+class RKV(SnapKV):
+    """R-KV: SnapKV's attention importance mixed with a penalty for redundant keys."""
+
+    def __init__(
+        self,
+        budget: int = 512,
+        window: int = 8,
+        kernel_size: int = 7,
+        mix_lambda: float = 0.1,
+        sim_threshold: float = 0.5,
+        pooling: str = "max",
+        group_pooling: str = "max",
+        selection: str = "per_head",
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        super().__init__(budget, window, kernel_size, pooling, group_pooling, selection,
+                         chunk_bytes)
+        _check(0.0 <= mix_lambda <= 1.0, "mix_lambda", f"must be in [0, 1], got {mix_lambda}")
+        _check(-1.0 <= sim_threshold <= 1.0, "sim_threshold",
+               f"must be in [-1, 1], got {sim_threshold}")
+        self.mix_lambda = mix_lambda
+        self.sim_threshold = sim_threshold
+
+    def _scores(
+        self, keys: torch.Tensor, queries: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """lambda * importance - (1 - lambda) * redundancy."""
+        importance = super()._scores(keys, queries, lengths)
+        penalty = redundancy(keys, lengths, self.sim_threshold)
+        return self.mix_lambda * importance - (1.0 - self.mix_lambda) * penalty
+
+    def _scratch_bytes_per_row(self, keys: torch.Tensor, queries: torch.Tensor) -> int:
+        """Adds the similarity matrix: input dtype plus ~3 one-byte masks per entry."""
+        h_kv, lmax = keys.shape[1], keys.shape[2]
+        similarity = h_kv * lmax * lmax * (keys.element_size() + 3)
+        return super()._scratch_bytes_per_row(keys, queries) + similarity
+
+
+def build_policy(cfg: CompressConfig) -> RKV | SnapKV | None:
+    """The policy a config asks for; None when algorithm is "none" (dense rollouts)."""
+    common = dict(budget=cfg.budget, window=cfg.window, kernel_size=cfg.kernel_size,
+                  pooling=cfg.pooling, group_pooling=cfg.group_pooling,
+                  selection=cfg.selection)
+    algorithm = cfg.algorithm.lower()
+    if algorithm == "none":
+        return None
+    if algorithm == "snapkv":
+        return SnapKV(**common)
+    if algorithm == "rkv":
+        return RKV(mix_lambda=cfg.mix_lambda, sim_threshold=cfg.sim_threshold, **common)
+    raise ValueError(f"algorithm: must be one of ('none', 'rkv', 'snapkv'), "
+                     f"got {cfg.algorithm!r}")
+
+
+def _check(ok: bool, name: str, message: str) -> None:
+    """Raise ValueError naming the offending parameter."""
+    if not ok:
+        raise ValueError(f"{name}: {message}")

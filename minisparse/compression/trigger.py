@@ -1,0 +1,95 @@
+"""When a sequence's cache gets compressed: elementwise tensor rules, so the engine decides
+for all running sequences at once without a per-sequence Python loop or a host sync.
+
+The engine keeps two per-sequence counters and calls compress_due after appending each
+step's tokens (after prefill too, with since_last = 0):
+  cache_len  tokens now in the sequence's cache (the same in every layer: each layer
+             keeps `budget` tokens per compression);
+  since_last tokens appended since the sequence's last compression (since its prefill
+             when it has none); reset to 0 when it is compressed.
+A compression leaves exactly `budget` tokens, so right after one cache_len == budget.
+
+divide_method "step_length": due when cache_len > budget and either since_last >=
+  divide_length (compress every divide_length generated tokens) or cache_len >= budget +
+  divide_length (the cap, which also catches prompts longer than budget). Hence, after
+  prefill, cache_len never exceeds budget + divide_length.
+divide_method "newline": due when cache_len > budget and the token just generated
+  decodes to text containing a newline, or when cache_len >= budget + max_buffer (the
+  hard cap; max_buffer None means 4 * divide_length).
+divide_method "none", or algorithm "none": never due.
+"""
+from __future__ import annotations
+
+import torch
+
+from minisparse.config import CompressConfig
+
+DIVIDE_METHODS = ("step_length", "newline", "none")
+
+
+def max_buffer(cfg: CompressConfig) -> int:
+    """The newline trigger's hard cap above the budget (None -> 4 * divide_length)."""
+    return 4 * cfg.divide_length if cfg.max_buffer is None else cfg.max_buffer
+
+
+def max_cache_tokens(cfg: CompressConfig) -> int | None:
+    """Most tokens a sequence's cache holds after a decode step's compression check
+    (before the compression that check triggers). None: unbounded (no compression).
+    A prompt longer than this exceeds it only between its prefill and the first check.
+    """
+    _check_config(cfg)
+    if cfg.algorithm == "none" or cfg.divide_method == "none":
+        return None
+    if cfg.divide_method == "step_length":
+        return cfg.budget + cfg.divide_length
+    return cfg.budget + max_buffer(cfg)
+
+
+def compress_due(
+    cache_len: torch.Tensor,
+    since_last: torch.Tensor,
+    last_token_is_newline: torch.Tensor,
+    cfg: CompressConfig,
+) -> torch.Tensor:
+    """BoolTensor, True for the sequences to compress now (see the module docstring).
+
+    All three tensors have one entry per sequence; last_token_is_newline is bool (see
+    newline_token_ids for building it with one lookup). The result is on their device.
+    """
+    _check_config(cfg)
+    if cfg.algorithm == "none" or cfg.divide_method == "none":
+        return torch.zeros_like(cache_len, dtype=torch.bool)
+    over = cache_len > cfg.budget
+    if cfg.divide_method == "step_length":
+        every = since_last >= cfg.divide_length
+        capped = cache_len >= cfg.budget + cfg.divide_length
+        return over & (every | capped)
+    capped = cache_len >= cfg.budget + max_buffer(cfg)
+    return over & (last_token_is_newline.to(torch.bool) | capped)
+
+
+def newline_token_ids(tokenizer) -> list[int]:
+    """Sorted ids of the vocabulary's tokens whose decoded text contains a newline.
+
+    Decodes every id (so byte-level BPE tokens such as "Ċ" count by their text, not by
+    their spelling); special tokens are skipped because they are not text. Build a lookup
+    once, e.g. `table = torch.zeros(vocab, dtype=bool); table[ids] = True`, then
+    `last_token_is_newline = table[next_tokens]`.
+    """
+    vocab_size = len(tokenizer)
+    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    ids = [i for i in range(vocab_size) if i not in special]
+    texts = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)
+    return [i for i, text in zip(ids, texts) if "\n" in text]
+
+
+def _check_config(cfg: CompressConfig) -> None:
+    """Raise ValueError naming a trigger setting that cannot work."""
+    if cfg.divide_method not in DIVIDE_METHODS:
+        raise ValueError(f"divide_method: must be one of {DIVIDE_METHODS}, "
+                         f"got {cfg.divide_method!r}")
+    if cfg.divide_length < 1:
+        raise ValueError(f"divide_length: must be >= 1, got {cfg.divide_length}")
+    if cfg.divide_method == "newline" and max_buffer(cfg) < 1:
+        raise ValueError(f"max_buffer: must be >= 1, got {cfg.max_buffer}")

@@ -1,0 +1,95 @@
+"""select(): the fast path against the float64 reference, and its invariants."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from . import reference
+from .helpers import make_inputs, make_policy
+
+BUDGET, WINDOW = 24, 4
+GROUPS = (1, 2, 4, 8)
+# Just above the budget up to several times it; the KV head count varies with the case.
+LENGTHS = (BUDGET + 1, BUDGET + 7, 2 * BUDGET + 3, 5 * BUDGET)
+GRID = list(itertools.product(("rkv", "snapkv"), ("per_head", "per_layer"),
+                              ("max", "avg"), ("max", "mean"), GROUPS))
+
+
+@pytest.mark.parametrize("algorithm,selection,pooling,group_pooling,group", GRID)
+def test_matches_reference(algorithm, selection, pooling, group_pooling, group):
+    case = GRID.index((algorithm, selection, pooling, group_pooling, group))
+    length = LENGTHS[case % len(LENGTHS)]
+    h_kv = 1 + case % 3
+    keys, queries = make_inputs(h_kv, group, length, WINDOW, seed=case)
+    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, pooling=pooling,
+                         group_pooling=group_pooling, selection=selection)
+    kept = policy.select(keys, queries)
+    ref = reference.scores(keys, queries, algorithm, pooling=pooling,
+                           group_pooling=group_pooling)
+    reference.check_selection(kept, ref, length, BUDGET, WINDOW, selection, atol=1e-6)
+    # The scores themselves, computed in float64 by the fast path, match the reference.
+    fast = policy.score(keys.double(), queries.double())
+    torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("algorithm", ["rkv", "snapkv"])
+def test_exact_indices_without_plateaus(algorithm):
+    """kernel_size 1 in float64 leaves no ties: the very same indices as the reference."""
+    keys, queries = make_inputs(2, 4, 70, WINDOW, seed=3, dtype=torch.float64)
+    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, kernel_size=1)
+    kept = policy.select(keys, queries)
+    ref = reference.scores(keys, queries, algorithm, kernel_size=1)
+    expected = ref.topk(BUDGET - WINDOW, dim=-1).indices
+    expected = torch.cat([expected, torch.arange(70 - WINDOW, 70).expand(2, -1)], dim=-1)
+    assert torch.equal(kept, expected.sort(dim=-1).values)
+
+
+def test_redundancy_changes_the_selection():
+    """R-KV and SnapKV must differ on keys with duplicates (the penalty is live)."""
+    keys, queries = make_inputs(2, 2, 96, WINDOW, seed=5)
+    rkv = make_policy("rkv", budget=BUDGET, window=WINDOW).select(keys, queries)
+    snap = make_policy("snapkv", budget=BUDGET, window=WINDOW).select(keys, queries)
+    assert not torch.equal(rkv, snap)
+
+
+def test_threshold_rule_is_exercised():
+    """The test keys have similarities on both sides of 0.5 (else the duplicate rule
+    would never be compared against the reference)."""
+    keys, _ = make_inputs(2, 1, 96, WINDOW, seed=5)
+    unit = keys / keys.norm(dim=-1, keepdim=True)
+    sim = unit @ unit.transpose(-1, -2)
+    off_diag = sim[:, ~torch.eye(96, dtype=torch.bool)]
+    assert 0.05 < (off_diag > 0.5).float().mean() < 0.95
+
+
+@pytest.mark.parametrize("algorithm", ["rkv", "snapkv"])
+@pytest.mark.parametrize("selection", ["per_head", "per_layer"])
+def test_invariants(algorithm, selection):
+    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, selection=selection)
+    for length in (BUDGET + 1, 3 * BUDGET):
+        keys, queries = make_inputs(2, 4, length, WINDOW, seed=length)
+        kept = policy.select(keys, queries)
+        assert kept.dtype == torch.long and kept.shape == (2, BUDGET)
+        for row in kept.tolist():
+            assert row == sorted(set(row)) and 0 <= row[0] and row[-1] < length
+            assert row[-WINDOW:] == list(range(length - WINDOW, length))
+
+
+@pytest.mark.parametrize("length", [1, WINDOW, BUDGET - 1, BUDGET])
+def test_short_cache_keeps_everything(length):
+    keys, queries = make_inputs(3, 2, length, WINDOW)
+    kept = make_policy("rkv", budget=BUDGET, window=WINDOW).select(keys, queries)
+    assert torch.equal(kept, torch.arange(length).expand(3, length))
+
+
+def test_bfloat16_inputs_agree_by_score():
+    """bf16 keys/queries: same selection as the float64 reference up to near-ties."""
+    keys, queries = make_inputs(2, 8, 200, WINDOW, seed=11, dtype=torch.bfloat16)
+    for algorithm in ("rkv", "snapkv"):
+        kept = make_policy(algorithm, budget=BUDGET, window=WINDOW).select(keys, queries)
+        ref = reference.scores(keys, queries, algorithm)
+        # Near-tie tolerance: a few percent of the typical score size.
+        reference.check_selection(kept, ref, 200, BUDGET, WINDOW, "per_head",
+                                  atol=0.05 * float(ref.abs().mean()))

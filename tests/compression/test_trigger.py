@@ -1,0 +1,131 @@
+"""Triggers: simulated generation checks the cache bound and the per-sequence schedule;
+newline_token_ids on tokenizers built in-process."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from minisparse.compression import compress_due, max_cache_tokens, newline_token_ids
+from minisparse.config import CompressConfig
+
+
+def simulate(cfg: CompressConfig, prompt_lens: torch.Tensor, steps: int,
+             newline_rate: float = 0.0, seed: int = 0):
+    """Generate `steps` tokens for every sequence (sequence b starts b steps late, so the
+    schedules differ), compressing whenever compress_due says so, as the engine would.
+
+    Returns the peak cache length seen at any check and, per sequence, the list of
+    (since_last, cache_len, was_newline) at each compression after prefill.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    cache = prompt_lens.clone()
+    since = torch.zeros_like(cache)
+    no_newline = torch.zeros_like(cache, dtype=torch.bool)
+    fired = compress_due(cache, since, no_newline, cfg)  # the check after prefill
+    cache[fired] = cfg.budget
+    peak = int(cache.max())
+    events: list[list[tuple[int, int, bool]]] = [[] for _ in range(len(cache))]
+    for step in range(steps):
+        active = torch.arange(len(cache)) <= step
+        cache += active.long()
+        since += active.long()
+        newline = active & (torch.rand(len(cache), generator=gen) < newline_rate)
+        fired = compress_due(cache, since, newline, cfg)
+        assert not (fired & ~active).any(), "an idle sequence was compressed"
+        peak = max(peak, int(cache.max()))
+        for b in fired.nonzero().flatten().tolist():
+            events[b].append((int(since[b]), int(cache[b]), bool(newline[b])))
+        cache[fired] = cfg.budget
+        since[fired] = 0
+    return peak, events
+
+
+PROMPTS = torch.tensor([5, 100, 127, 128, 129, 150, 200, 250, 30, 64])
+
+
+@pytest.mark.parametrize("divide_length", [1, 7, 32])
+def test_step_length_bound_and_schedule(divide_length):
+    cfg = CompressConfig(algorithm="rkv", budget=128, divide_length=divide_length)
+    peak, events = simulate(cfg, PROMPTS, steps=400)
+    bound = max_cache_tokens(cfg)
+    assert bound == 128 + divide_length
+    assert peak <= max(bound, int(PROMPTS.max()))  # long prompts: only at prefill
+    for b, seq_events in enumerate(events):
+        assert seq_events, f"sequence {b} was never compressed"
+        for since, cache, _ in seq_events:
+            assert 128 < cache <= bound
+        # Once compressed to the budget, every divide_length tokens exactly.
+        assert all(since == divide_length for since, _, _ in seq_events[1:])
+
+
+def test_step_length_long_prompt_compressed_at_prefill():
+    cfg = CompressConfig(algorithm="rkv", budget=128, divide_length=16)
+    cache = torch.tensor([500, 144, 143, 128])
+    zeros = torch.zeros_like(cache)
+    due = compress_due(cache, zeros, zeros.bool(), cfg)
+    assert due.tolist() == [True, True, False, False]
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.05, 0.5])
+def test_newline_bound(rate):
+    cfg = CompressConfig(algorithm="snapkv", budget=128, divide_method="newline",
+                         divide_length=16)
+    peak, events = simulate(cfg, PROMPTS, steps=400, newline_rate=rate)
+    assert max_cache_tokens(cfg) == 128 + 64
+    assert peak <= max(128 + 64, int(PROMPTS.max()))
+    for seq_events in events:
+        assert seq_events
+        for _, cache, newline in seq_events:
+            assert cache > 128 and (newline or cache == 128 + 64)
+    if rate == 0.5:  # newlines arrive long before the cap
+        assert all(cache < 128 + 64 for seq in events for _, cache, _ in seq[1:])
+
+
+def test_newline_explicit_max_buffer():
+    cfg = CompressConfig(algorithm="rkv", budget=100, divide_method="newline", max_buffer=10)
+    cache = torch.tensor([100, 101, 109, 110, 100])
+    newline = torch.tensor([True, True, False, False, True])
+    assert compress_due(cache, torch.zeros_like(cache), newline, cfg).tolist() == [
+        False, True, False, True, False]
+    assert max_cache_tokens(cfg) == 110
+
+
+@pytest.mark.parametrize("cfg", [CompressConfig(algorithm="none"),
+                                 CompressConfig(algorithm="rkv", divide_method="none")])
+def test_never(cfg):
+    cache = torch.tensor([10_000, 600])
+    due = compress_due(cache, cache, torch.tensor([True, True]), cfg)
+    assert due.tolist() == [False, False] and max_cache_tokens(cfg) is None
+
+
+@pytest.mark.parametrize("cfg,name", [
+    (CompressConfig(algorithm="rkv", divide_method="paragraph"), "divide_method"),
+    (CompressConfig(algorithm="rkv", divide_length=0), "divide_length"),
+    (CompressConfig(algorithm="rkv", divide_method="newline", max_buffer=0), "max_buffer"),
+])
+def test_bad_trigger_config(cfg, name):
+    zeros = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        compress_due(zeros, zeros, zeros.bool(), cfg)
+
+
+def _wrap(vocab: dict[str, int], byte_level: bool) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if byte_level:
+        tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                                   eos_token="<eos>")
+
+
+def test_newline_ids_plain_vocab():
+    vocab = {"<unk>": 0, "<eos>": 1, "a": 2, "\n": 3, "b\n": 4, "\n\n": 5, "c": 6, "n": 7}
+    assert newline_token_ids(_wrap(vocab, byte_level=False)) == [3, 4, 5]
+
+
+def test_newline_ids_byte_level_vocab():
+    """GPT-2 style vocabularies spell "\\n" as "Ċ": found by decoding, not spelling."""
+    vocab = {"<unk>": 0, "<eos>": 1, "Ċ": 2, "ĠĊ": 3, "x": 4, "ĊĊ": 5, "Ġx": 6, "\\n": 7}
+    assert newline_token_ids(_wrap(vocab, byte_level=True)) == [2, 3, 5]
