@@ -156,6 +156,7 @@ class Config:
 import argparse  # noqa: E402  (kept below the schema so the dataclasses read first)
 import dataclasses  # noqa: E402
 import difflib  # noqa: E402
+import math  # noqa: E402
 import sys  # noqa: E402
 import types  # noqa: E402
 import typing  # noqa: E402
@@ -243,7 +244,13 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif inner is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, str):  # PyYAML reads "1e-6" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value):
             return float(value)
     elif inner is str:
         if isinstance(value, str):

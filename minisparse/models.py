@@ -1,0 +1,126 @@
+"""Policy loading: the tiny model, random-weight architectures by name, or a local HF dir.
+
+Shape models let memory and throughput be measured at the paper's sizes without
+downloading weights; they are built on the meta device and initialised in place so a
+7B model appears in seconds, not minutes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+_QWEN_COMMON = dict(
+    vocab_size=151936,
+    rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    bos_token_id=151643,
+    eos_token_id=151643,
+)
+
+# Published config.json values (architecture only; no weights).
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen2.5-1.5b": ("qwen2", dict(
+        _QWEN_COMMON, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, intermediate_size=8960, max_position_embeddings=131072,
+        tie_word_embeddings=True)),
+    "qwen2.5-3b": ("qwen2", dict(
+        _QWEN_COMMON, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+        num_key_value_heads=2, intermediate_size=11008, max_position_embeddings=32768,
+        tie_word_embeddings=True)),
+    "qwen2.5-7b": ("qwen2", dict(
+        _QWEN_COMMON, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, intermediate_size=18944, max_position_embeddings=131072,
+        tie_word_embeddings=False)),
+    "llama-3.2-1b": ("llama", dict(
+        vocab_size=128256, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, intermediate_size=8192,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, hidden_act="silu",
+        tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                         "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192})),
+}
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def shape_config(name: str):
+    """The transformers config of a named shape (Qwen2Config or LlamaConfig)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    family, kwargs = SHAPES[name]
+    cls = Qwen2Config if family == "qwen2" else LlamaConfig
+    return cls(**kwargs)
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return getattr(torch, dtype)
+
+
+def _init_in_place(model, device) -> None:
+    """Materialise a meta-device model on `device`: N(0, 0.02) weights, unit norms, zero
+    biases, and rotary buffers recomputed (to_empty leaves them uninitialised)."""
+    import torch
+
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, 0.02)
+        for module in model.modules():
+            if hasattr(module, "inv_freq") and hasattr(module, "config"):
+                fresh = type(module)(module.config)
+                for key, buf in fresh.named_buffers(recurse=False):
+                    getattr(module, key).copy_(buf.to(device))
+    model.tie_weights()
+
+
+def build_shape_model(name: str, dtype: str = "bfloat16", device: Any = "cpu"):
+    """Random-weight model of a named shape; device="meta" gives it without memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = shape_config(name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=_torch_dtype(dtype))
+    if str(device) != "meta":
+        _init_in_place(model, torch.device(device))
+    return model
+
+
+def load_policy(path: str, dtype: str = "bfloat16", device: Any = "cpu") -> tuple[Any, Any]:
+    """(model, tokenizer) for "tiny", a SHAPES name, or a local HF checkpoint directory.
+
+    Only local files are read (local_files_only), so a mistyped path fails at once
+    instead of trying the hub.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from minisparse.tiny import build_tiny, build_tokenizer
+
+    if path in SHAPES:
+        model = build_shape_model(path, dtype, device)
+        tokenizer = build_tokenizer(vocab_size=model.config.vocab_size)
+    else:
+        local = build_tiny() if path == "tiny" else Path(path)
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model path '{path}' is not a local HF checkpoint directory (no "
+                f"config.json there); shapes available: {', '.join(SHAPES)}, or 'tiny'"
+            )
+        model = AutoModelForCausalLM.from_pretrained(
+            local, dtype=_torch_dtype(dtype), local_files_only=True
+        ).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(local, local_files_only=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

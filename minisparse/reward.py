@@ -1,0 +1,208 @@
+"""Rule-based math reward: 1.0 when the response's final answer equals the label.
+
+Answer extraction (documented choice): the last \\boxed{...} (or \\fbox{...}) in the
+response; if there is none, the last "answer is X" phrase. There is no last-number
+fallback: in RL it would reward unformatted guesses and teach the policy to stop
+boxing. Only the response's tail is read, since the final answer is at the end and
+sympy's cost grows with input size.
+
+Grading never raises and is bounded in time: a deadline (SIGALRM interval timer in the
+main thread; a watchdog that aborts a helper thread elsewhere) cuts off slow sympy work,
+and answers whose evaluation could hang inside C code (towers of powers, huge
+exponents or factorials: a signal cannot interrupt those) are compared as strings only.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+TAIL_CHARS = 4096  # only the end of a response is searched for the answer
+MAX_ANSWER_CHARS = 512  # longer "answers" are not final answers; graded as strings
+DEFAULT_TIMEOUT_S = 2.0
+
+T = TypeVar("T")
+
+
+class _NoTimeoutWarning(logging.Filter):
+    """math-verify warns that its own timeouts are off; ours replace them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutWarning())
+
+
+@dataclass
+class Grade:
+    score: float
+    answer: str  # the extracted final answer, "" when none was found
+    timed_out: bool = False
+
+
+class _Deadline(BaseException):
+    """BaseException so math-verify's own `except Exception` cannot swallow it."""
+
+
+# ------------------------------------------------------------------ extraction
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
+_ANSWER_IS = re.compile(r"answer\s+is\s*:?\s*(.+?)(?:\.\s|\.?$|\n)", re.IGNORECASE)
+
+
+def _braced(text: str, start: int) -> str | None:
+    """Content of the brace group opening at text[start], None when unbalanced."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1:i]
+    return None
+
+
+def extract_answer(response: str) -> str:
+    """The final answer of a response ("" when none); see the module docstring."""
+    tail = response[-TAIL_CHARS:]
+    for match in reversed(list(_BOXED.finditer(tail))):
+        end = match.end()
+        if end < len(tail) and tail[end] == "{":
+            content = _braced(tail, end)
+        else:  # "\boxed 5"
+            content = tail[end:].split(maxsplit=1)[0].rstrip("$.") if tail[end:].strip() else None
+        if content is not None and content.strip():
+            return content.strip()
+    phrases = _ANSWER_IS.findall(tail)
+    return phrases[-1].strip().strip("$").strip() if phrases else ""
+
+
+# ------------------------------------------------------------------ comparison
+_STRIP = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\displaystyle|\s|\$")
+
+
+def _normalize(text: str) -> str:
+    text = _STRIP.sub("", text).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    return re.sub(r"\\text\{([^{}]*)\}", r"\1", text).rstrip(".").lower()
+
+
+_RISKY = (
+    re.compile(r"\^\s*\{[^{}]*\^"),  # a power inside an exponent: 10^{10^{10}}
+    re.compile(r"\^\s*\(?\s*[\d.]+\s*\)?\s*\^"),  # 9^9^9
+    re.compile(r"\^\s*\{?\s*\d{5,}"),  # exponent >= 10000
+    re.compile(r"\d{4,}\s*!"),  # 1000!
+    re.compile(r"\*\*"),
+)
+
+
+def _risky(text: str) -> bool:
+    return len(text) > MAX_ANSWER_CHARS or any(p.search(text) for p in _RISKY)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> tuple:
+    """math-verify parse of a bare answer (labels repeat n_samples times: cached)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    config = [LatexExtractionConfig(), ExprExtractionConfig()]
+    return tuple(parse("\\boxed{" + text + "}", extraction_config=config, parsing_timeout=None))
+
+
+@functools.lru_cache(maxsize=65536)
+def _equivalent(answer: str, label: str) -> bool:
+    from math_verify import verify
+
+    if _normalize(answer) == _normalize(label):
+        return True
+    if _risky(answer) or _risky(label):
+        return False
+    gold, pred = _parsed(label), _parsed(answer)
+    return bool(gold and pred and verify(list(gold), list(pred), timeout_seconds=None))
+
+
+# ------------------------------------------------------------------ deadlines
+def _with_alarm(fn: Callable[[], T], seconds: float) -> T:
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise _Deadline()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _with_watchdog(fn: Callable[[], T], seconds: float) -> T:
+    """Off the main thread signals are unavailable: run fn in a daemon thread and, past
+    the deadline, inject an exception into it (takes effect at its next bytecode)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, daemon=True, name="math-reward")
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(worker.ident), ctypes.py_object(_Deadline))
+        raise _Deadline()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _run_with_deadline(fn: Callable[[], T], seconds: float) -> T:
+    in_main = threading.current_thread() is threading.main_thread()
+    return _with_alarm(fn, seconds) if in_main else _with_watchdog(fn, seconds)
+
+
+# ------------------------------------------------------------------ public API
+def grade(response: str, label: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Grade:
+    """Score one response; never raises (bad input, sympy errors, timeouts -> 0.0)."""
+    try:
+        answer = extract_answer(response) if isinstance(response, str) else ""
+        label = label.strip() if isinstance(label, str) else ""
+        if not answer or not label:
+            return Grade(0.0, answer)
+        ok = _run_with_deadline(lambda: _equivalent(answer, label), timeout_s)
+        return Grade(1.0 if ok else 0.0, answer)
+    except _Deadline:
+        return Grade(0.0, answer, timed_out=True)
+    except Exception:  # noqa: BLE001 - a reward must never crash the trainer
+        return Grade(0.0, "")
+
+
+def math_reward(response: str, label: str) -> float:
+    return grade(response, label).score
+
+
+def grade_batch(responses: Sequence[str], labels: Sequence[str],
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[list[Grade], dict[str, float]]:
+    """Grades plus stats for logging: accuracy, timeouts, responses with no answer."""
+    if len(responses) != len(labels):
+        raise ValueError(f"{len(responses)} responses but {len(labels)} labels")
+    start = time.perf_counter()
+    grades = [grade(r, l, timeout_s) for r, l in zip(responses, labels)]
+    n = max(len(grades), 1)
+    stats = {
+        "accuracy": sum(g.score for g in grades) / n,
+        "timeouts": sum(g.timed_out for g in grades),
+        "no_answer": sum(not g.answer for g in grades),
+        "grade_s": time.perf_counter() - start,
+    }
+    return grades, stats

@@ -1,0 +1,33 @@
+"""Shared fixtures: a session-wide cache dir so nothing is written to the home dir, and
+the tiny model (built once per session) that many test modules load."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _minisparse_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = tmp_path_factory.mktemp("minisparse-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINISPARSE_CACHE", str(cache))
+        yield cache
+
+
+@pytest.fixture(scope="session")
+def tiny_path(_minisparse_cache: Path) -> Path:
+    from minisparse.tiny import build_tiny
+
+    return build_tiny()
+
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real data directory; tests that need it skip when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"{SHARED_DATA} not present")
+    return SHARED_DATA

@@ -1,0 +1,161 @@
+import argparse
+import dataclasses
+
+import pytest
+
+from minisparse.config import (
+    CONFIGS_DIR, Config, ConfigError, add_config_args, config_from_args, config_to_dict,
+    dump_config, load_config, resolve_config_path,
+)
+
+SHIPPED = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+
+
+def test_defaults_are_valid():
+    assert load_config() == Config()
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_loads(name):
+    cfg = load_config(name)
+    assert cfg.rollout_batch_size * cfg.n_samples_per_prompt == \
+        cfg.global_batch_size * cfg.num_steps_per_rollout
+    assert load_config(str(resolve_config_path(name))) == cfg
+
+
+def test_all_expected_configs_shipped():
+    expected = {"qwen3b_rkv", "qwen3b_dense", "qwen3b_snapkv", "qwen1.5b_rkv",
+                "qwen7b_rkv", "llama1b_rkv", "tiny_rkv", "tiny_dense"}
+    assert expected <= set(SHIPPED)
+
+
+def test_qwen3b_rkv_has_paper_settings():
+    c = load_config("qwen3b_rkv")
+    assert (c.num_rollout, c.rollout_batch_size, c.n_samples_per_prompt) == (100, 128, 8)
+    assert (c.max_response_len, c.temperature) == (4096, 1.0)
+    assert (c.global_batch_size, c.num_steps_per_rollout, c.max_tokens_per_gpu) == (256, 4, 8192)
+    assert (c.model.dtype, c.zero_stage, c.save_interval) == ("bfloat16", 2, 10)
+    assert c.data.path.endswith("train/simplelr_qwen_level3to5.jsonl") and c.data.shuffle
+    assert (c.data.input_key, c.data.label_key) == ("prompt", "label")
+    assert (c.loss.advantage, c.loss.kl_type, c.loss.kl_coef) == ("grpo", "low_var_kl", 1e-4)
+    assert (c.loss.entropy_coef, c.loss.eps_clip) == (0.0, 0.2)
+    assert (c.optim.lr, c.optim.lr_schedule, c.optim.weight_decay) == (1e-6, "constant", 0.1)
+    assert (c.optim.adam_beta1, c.optim.adam_beta2, c.optim.grad_clip) == (0.9, 0.98, 1.0)
+    comp = c.compress
+    assert (comp.algorithm, comp.budget, comp.window) == ("rkv", 512, 8)
+    assert (comp.divide_method, comp.divide_length) == ("step_length", 128)
+    loss = c.loss
+    assert loss.use_tis and loss.use_rs and loss.normalize_weights
+    assert (loss.tis_level, loss.tis_mode, loss.tis_upper, loss.tis_lower) == \
+        ("token", "truncate", 1.5, 0.5)
+    assert (loss.rs_lower, loss.rs_upper, loss.rs_veto_threshold) == (0.5, 1.5, 1e-4)
+
+
+def test_variants_differ_from_qwen3b_rkv_only_where_intended():
+    base = config_to_dict(load_config("qwen3b_rkv"))
+
+    def diff(name):
+        other = config_to_dict(load_config(name))
+        return {f"{s}.{k}" if isinstance(v, dict) else s
+                for s, v in other.items()
+                for k in (v if isinstance(v, dict) else [None])
+                if (other[s][k] if k else other[s]) != (base[s][k] if k else base[s])}
+
+    assert diff("qwen3b_dense") == {"compress.algorithm", "output_dir"}
+    assert diff("qwen3b_snapkv") == {"compress.algorithm", "output_dir"}
+    assert diff("qwen7b_rkv") == {"model.path", "output_dir"}
+    assert diff("llama1b_rkv") == {"model.path", "output_dir", "data.path"}
+    assert load_config("llama1b_rkv").data.path.endswith("train/simplelr_level3to5.jsonl")
+
+
+def test_overrides_parse_types():
+    c = load_config("tiny_rkv", [
+        "compress.budget=32", "num_rollout=2", "optim.lr=3e-5", "loss.use_tis=false",
+        "eval.benchmarks=gsm8k,math500", "eval.limit=null", "log.run_name=yes",
+        "compress.max_buffer=64", "model.path=123",
+    ])
+    assert (c.compress.budget, c.num_rollout, c.optim.lr) == (32, 2, 3e-5)
+    assert c.loss.use_tis is False and c.eval.limit is None
+    assert c.eval.benchmarks == ["gsm8k", "math500"]
+    assert c.log.run_name == "yes" and c.model.path == "123"  # str keys keep raw text
+    assert load_config(None, ["eval.benchmarks=[aime24]"]).eval.benchmarks == ["aime24"]
+    assert load_config(None, ["optim.lr=1"]).optim.lr == 1.0  # int accepted for float
+
+
+@pytest.mark.parametrize("override,message", [
+    ("compress.budgett=3", "unknown config key 'compress.budgett' (did you mean 'compress.budget'?)"),
+    ("num_rolout=3", "did you mean 'num_rollout'"),
+    ("optim.lr=true", "'optim.lr' expects float, got True"),
+    ("optim.lr=fast", "'optim.lr' expects float, got 'fast'"),
+    ("optim.lr=.inf", "'optim.lr' expects float, got inf"),
+    ("num_rollout=true", "'num_rollout' expects int, got True"),
+    ("num_rollout=2.5", "'num_rollout' expects int, got 2.5"),
+    ("model.dtype=fp8", "'model.dtype' must be one of bfloat16, float16, float32; got 'fp8'"),
+    ("compress.algorithm=h2o", "'compress.algorithm' must be one of none, rkv, snapkv"),
+    ("loss.tis_mode=cap", "'loss.tis_mode' must be one of truncate, clip, mask"),
+    ("resume=always", "'resume' must be one of auto, never"),
+    ("compress.window=0", "'compress.window' must be >= 1, got 0"),
+    ("zero_stage=4", "'zero_stage' must be 0, 1, 2 or 3, got 4"),
+    ("top_p=0", "'top_p' must be in (0, 1], got 0"),
+    ("temperature=-0.1", "'temperature' must be >= 0, got -0.1"),
+    ("optim.adam_eps=-1", "'optim.adam_eps' must be >= 0"),
+    ("compress.mix_lambda=1.5", "'compress.mix_lambda' must be in [0, 1], got 1.5"),
+    ("loss.tis_lower=2", "'loss.tis_lower' (2.0) must be <= 'loss.tis_upper' (1.5)"),
+    ("loss.rs_upper=0.4", "'loss.rs_lower' (0.5) must be <= 'loss.rs_upper' (0.4)"),
+    ("compress.budget=4", "'compress.budget' (4) must be > 'compress.window' (4)"),
+    ("global_batch_size=4",
+     "(4 * 4 = 16) must equal global_batch_size * num_steps_per_rollout (4 * 2 = 8)"),
+    ("compress", "must look like KEY=VALUE"),
+    ("compress=3", "'compress' is a section"),
+    ("eval.benchmarks=[1, 2]", "'eval.benchmarks' expects list of str"),
+])
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny_rkv", [override])
+    assert message in str(info.value)
+
+
+def test_budget_may_be_small_when_compression_off():
+    assert load_config("tiny_dense", ["compress.budget=2"]).compress.budget == 2
+
+
+def test_yaml_file_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("compress:\n  budgett: 3\n")
+    with pytest.raises(ConfigError, match="did you mean 'compress.budget'"):
+        load_config(str(bad))
+    bad.write_text("compress: 3\n")
+    with pytest.raises(ConfigError, match="section 'compress' must be a mapping"):
+        load_config(str(bad))
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_config(str(bad))
+    with pytest.raises(ConfigError, match="available configs: .*tiny_rkv"):
+        load_config("no_such_config")
+
+
+def test_dump_roundtrip(tmp_path):
+    cfg = load_config("qwen3b_rkv", ["eval.benchmarks=gsm8k", "compress.max_buffer=512"])
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_config(cfg))
+    assert load_config(str(path)) == cfg
+    assert dataclasses.asdict(cfg) == config_to_dict(cfg)
+
+
+def _parse(argv):
+    return add_config_args(argparse.ArgumentParser()).parse_args(argv)
+
+
+def test_cli_helpers(capsys):
+    cfg = config_from_args(_parse(["--config", "tiny_rkv", "--set", "num_rollout=7",
+                                   "--set", "compress.budget=20"]))
+    assert (cfg.num_rollout, cfg.compress.budget) == (7, 20)
+    with pytest.raises(SystemExit) as info:
+        config_from_args(_parse(["--config", "tiny_rkv", "--print-config"]))
+    assert info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "num_rollout: 3" in printed and "algorithm: rkv" in printed
+    with pytest.raises(SystemExit) as info:
+        config_from_args(_parse(["--set", "compress.budgett=1"]))
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith("config error: unknown config key")

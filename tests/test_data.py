@@ -1,0 +1,176 @@
+import json
+import logging
+
+import pytest
+
+from minisparse.config import DataConfig
+from minisparse.data import DataError, PromptSampler, load_prompts
+from minisparse.synthetic import synthetic_rows
+from minisparse.tiny import build_tokenizer
+
+QWEN_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+               "Find $x$ if $2x + 3 = 11$.<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def test_string_and_message_prompts(tmp_path, tok):
+    path = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": QWEN_PROMPT, "label": "4"},
+        "",
+        {"prompt": [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "What is $1/2 + 1/4$?"}], "label": "\\frac{3}{4}"},
+        {"prompt": "Compute 7 * 6.", "label": 42},
+        {"prompt": "Half of 3?", "label": 1.5},
+    ])
+    rows = load_prompts(DataConfig(path=path), tok)
+    assert [r.index for r in rows] == [0, 1, 2, 3]
+    assert [r.label for r in rows] == ["4", "\\frac{3}{4}", "42", "1.5"]
+    assert rows[0].prompt_text == QWEN_PROMPT  # already templated: used as is
+    assert rows[0].prompt_ids == tok(QWEN_PROMPT)["input_ids"]
+    assert rows[1].prompt_text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+                                   "What is $1/2 + 1/4$?<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.decode(rows[1].prompt_ids) == rows[1].prompt_text
+    assert rows[2].prompt_text == "Compute 7 * 6."
+
+
+def test_apply_chat_template_wraps_strings(tmp_path, tok):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"q": "What is 2+2?", "a": "4"}])
+    cfg = DataConfig(path=path, input_key="q", label_key="a", apply_chat_template=True)
+    (row,) = load_prompts(cfg, tok)
+    assert row.prompt_text == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_long_prompts_dropped_and_counted(tmp_path, tok, caplog):
+    rows = [{"prompt": "short one", "label": "1"},
+            {"prompt": "a much longer prompt " * 40, "label": "2"},
+            {"prompt": "also short", "label": "3"}]
+    cfg = DataConfig(path=write_jsonl(tmp_path / "d.jsonl", rows), max_prompt_len=20)
+    stats = {}
+    with caplog.at_level(logging.WARNING):
+        kept = load_prompts(cfg, tok, stats=stats)
+    assert [r.label for r in kept] == ["1", "3"] and [r.index for r in kept] == [0, 2]
+    assert stats == {"rows": 3, "kept": 2, "dropped_too_long": 1}
+    assert "dropped 1 of 3 prompts longer than max_prompt_len=20" in caplog.text
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"prompt": "x", "label": "1"', "d.jsonl:2: invalid JSON"),
+    ('[1, 2]', "d.jsonl:2: expected a JSON object, got list"),
+    ('{"question": "x", "label": "1"}', "d.jsonl:2: missing key 'prompt' (keys present: label, question)"),
+    ('{"prompt": "x"}', "missing key 'label' (keys present: prompt)"),
+    ('{"prompt": "   ", "label": "1"}', "d.jsonl:2: empty prompt"),
+    ('{"prompt": [], "label": "1"}', "d.jsonl:2: empty message list"),
+    ('{"prompt": [{"role": "user"}], "label": "1"}', "message 0 must be an object with string 'role'"),
+    ('{"prompt": ["hi"], "label": "1"}', "message 0 must be an object"),
+    ('{"prompt": [{"role": "user", "content": " "}], "label": "1"}', "all message contents are blank"),
+    ('{"prompt": 5, "label": "1"}', "prompt must be a string or a list of messages, got int"),
+    ('{"prompt": "x", "label": null}', "label must be a string or a number, got NoneType"),
+    ('{"prompt": "x", "label": ["1", "2"]}', "label must be a string or a number, got list"),
+    ('{"prompt": "x", "label": true}', "got bool"),
+])
+def test_bad_rows_name_file_and_line(tmp_path, tok, line, message):
+    path = write_jsonl(tmp_path / "d.jsonl", ['{"prompt": "fine", "label": "0"}', line])
+    with pytest.raises(DataError) as info:
+        load_prompts(DataConfig(path=path), tok)
+    assert message in str(info.value)
+
+
+def test_unreadable_and_empty_files(tmp_path, tok):
+    missing = str(tmp_path / "missing.jsonl")
+    with pytest.raises(DataError, match="cannot read dataset file .*missing.jsonl"):
+        load_prompts(DataConfig(path=missing), tok)
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00garbage\n")
+    with pytest.raises(DataError, match="bin.jsonl"):
+        load_prompts(DataConfig(path=str(tmp_path / "bin.jsonl")), tok)
+    with pytest.raises(DataError, match="no usable prompts"):
+        load_prompts(DataConfig(path=write_jsonl(tmp_path / "e.jsonl", ["", ""])), tok)
+
+
+def test_template_failure_is_a_data_error(tmp_path, tok):
+    no_template = build_tokenizer()
+    no_template.chat_template = None
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": [{"role": "user", "content": "x"}],
+                                              "label": "1"}])
+    with pytest.raises(DataError, match="d.jsonl:1: chat template failed"):
+        load_prompts(DataConfig(path=path), no_template)
+
+
+def test_synthetic_source(tok):
+    rows = load_prompts(DataConfig(path="synthetic", synthetic_size=10), tok)
+    expected = synthetic_rows(10, 0)
+    assert [r.label for r in rows] == [e["label"] for e in expected]
+    assert rows[3].prompt_text == expected[3]["prompt"]
+
+
+def test_sampler_epochs_are_seeded_permutations():
+    s = PromptSampler(num_rows=10, batch_size=4, seed=7)
+    batches = [s.next_batch() for _ in range(5)]  # 20 draws = exactly 2 epochs
+    flat = [i for b in batches for i in b]
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
+    assert flat[:10] != flat[10:] and flat[:10] != list(range(10))
+    assert s.epoch == 1 and s.offset == 10
+    again = PromptSampler(num_rows=10, batch_size=4, seed=7)
+    assert [again.next_batch() for _ in range(5)] == batches
+    other = PromptSampler(num_rows=10, batch_size=4, seed=8)
+    assert [other.next_batch() for _ in range(5)] != batches
+
+
+def test_sampler_without_shuffle_keeps_file_order():
+    s = PromptSampler(num_rows=5, batch_size=3, seed=0, shuffle=False)
+    assert [s.next_batch() for _ in range(3)] == [[0, 1, 2], [3, 4, 0], [1, 2, 3]]
+
+
+def test_sampler_batch_larger_than_dataset():
+    s = PromptSampler(num_rows=3, batch_size=7, seed=1)
+    batch = s.next_batch()
+    assert len(batch) == 7 and sorted(batch[:3]) == [0, 1, 2] and s.epoch == 2
+
+
+def test_sampler_ranks_split_the_global_batch():
+    ranks = [PromptSampler(20, 8, seed=3, rank=r, world_size=4) for r in range(4)]
+    single = PromptSampler(20, 8, seed=3)
+    for _ in range(4):
+        shares = [r.next_batch() for r in ranks]
+        assert all(len(s) == 2 for s in shares)
+        assert [i for s in shares for i in s] == single.next_batch()
+    with pytest.raises(ValueError, match="split evenly"):
+        PromptSampler(20, 6, seed=0, rank=0, world_size=4)
+
+
+def test_sampler_resume_continues_identically():
+    s = PromptSampler(num_rows=9, batch_size=4, seed=11)
+    for _ in range(3):
+        s.next_batch()
+    state = json.loads(json.dumps(s.state_dict()))  # survives a JSON checkpoint
+    expected = [s.next_batch() for _ in range(4)]
+    resumed = PromptSampler(num_rows=9, batch_size=4, seed=11)
+    resumed.load_state_dict(state)
+    assert [resumed.next_batch() for _ in range(4)] == expected
+    with pytest.raises(ValueError, match="num_rows=9"):
+        PromptSampler(num_rows=10, batch_size=4, seed=11).load_state_dict(state)
+
+
+def test_real_training_files_load(shared_data, tok, tmp_path):
+    """The head of each real file (copied to tmp only, to keep the test fast)."""
+    loaded = {}
+    for name in ("simplelr_qwen_level3to5", "simplelr_level3to5"):
+        with open(shared_data / "train" / f"{name}.jsonl", encoding="utf-8") as handle:
+            head = [next(handle) for _ in range(200)]
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(head), encoding="utf-8")
+        loaded[name] = load_prompts(DataConfig(path=str(path), max_prompt_len=100_000), tok)
+    qwen, llama = loaded["simplelr_qwen_level3to5"], loaded["simplelr_level3to5"]
+    assert len(qwen) == len(llama) == 200
+    assert qwen[0].prompt_text.startswith("<|im_start|>system")
+    assert llama[0].prompt_text.startswith("<|im_start|>system\nYou are a helpful assistant.")
+    assert llama[0].prompt_text.endswith("<|im_start|>assistant\n")
+    assert [r.label for r in qwen] == [r.label for r in llama]

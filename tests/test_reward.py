@@ -1,0 +1,110 @@
+import threading
+import time
+
+import pytest
+
+import minisparse.reward as reward
+from minisparse.reward import Grade, extract_answer, grade, grade_batch, math_reward
+
+WORKED = ("We need $x$ such that $2x + 3 = 4$.\nSubtracting 3 gives $2x = 1$, so\n"
+          "$$x = \\dfrac{1}{2}.$$\nTherefore the final answer is $\\boxed{\\dfrac{1}{2}}$.")
+
+
+@pytest.mark.parametrize("response,label,expected", [
+    (WORKED, "\\frac{1}{2}", 1.0),
+    (WORKED, "0.5", 1.0),
+    (WORKED, "\\frac{1}{3}", 0.0),
+    ("The sum of the angles gives $\\boxed{90^\\circ}$.", "90", 1.0),
+    ("Angle is \\boxed{45^{\\circ}}", "45^\\circ", 1.0),
+    ("The rate rose by $\\boxed{25\\%}$.", "25", 1.0),
+    ("So $x \\in \\boxed{[1, 2)}$", "[1,2)", 1.0),
+    ("So $x \\in \\boxed{(1, 2]}$", "[1,2)", 0.0),
+    ("$\\boxed{\\begin{pmatrix} 1 \\\\ -2 \\end{pmatrix}}$",
+     "\\begin{pmatrix}1\\\\-2\\end{pmatrix}", 1.0),
+    ("$\\boxed{\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}}$",
+     "\\begin{pmatrix}1\\\\-2\\end{pmatrix}", 0.0),
+    ("The day is \\boxed{\\text{Monday}}.", "\\text{Monday}", 1.0),
+    ("The correct option is \\boxed{\\text{(C)}}", "C", 1.0),
+    ("Roots: \\boxed{3, -1}", "-1, 3", 1.0),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", 1.0),
+    ("First I got \\boxed{12}, but rechecking, the answer is \\boxed{13}.", "13", 1.0),
+    ("First I got \\boxed{12}, but rechecking, the answer is \\boxed{13}.", "12", 0.0),
+    ("Hence the answer is 7.", "7", 1.0),
+    ("I computed 3 + 4 = 7 and stopped", "7", 0.0),  # no last-number fallback
+    ("\\boxed{x = 3}", "3", 1.0),
+    ("\\boxed 5", "5", 1.0),
+])
+def test_math_reward_realistic(response, label, expected):
+    assert math_reward(response, label) == expected
+
+
+@pytest.mark.parametrize("response", [
+    "", "   ", "\\boxed{}", "\\boxed{\\frac{1}{2", "}}}{{{\\boxed{{{", "\\boxed{\\frac{}{}}",
+    "\x00\x01\\boxed{\ud800}", "\\boxed{\\begin{pmatrix}1 & \\end{pmatrix}}",
+])
+def test_garbage_scores_zero_without_raising(response):
+    assert math_reward(response, "1") == 0.0
+
+
+def test_non_string_inputs_score_zero():
+    assert math_reward(None, "1") == 0.0  # type: ignore[arg-type]
+    assert math_reward("\\boxed{1}", None) == 0.0  # type: ignore[arg-type]
+    assert math_reward("\\boxed{1}", "") == 0.0
+
+
+@pytest.mark.parametrize("answer", ["10^{10^{10}}", "9^9^9", "2^{1000000000}", "100000!"])
+def test_explosive_answers_are_not_evaluated(answer):
+    start = time.perf_counter()
+    assert grade(f"\\boxed{{{answer}}}", "1") == Grade(0.0, answer)
+    assert grade(f"\\boxed{{{answer}}}", answer).score == 1.0  # string match still works
+    assert time.perf_counter() - start < 1.0
+
+
+def test_huge_response_reads_only_the_tail():
+    response = "x = 1. " * 200_000 + "\\boxed{17}"
+    start = time.perf_counter()
+    assert grade(response, "17") == Grade(1.0, "17")
+    assert time.perf_counter() - start < 1.0
+    assert extract_answer("\\boxed{99}" + " filler" * 2000) == ""  # beyond the tail
+
+
+def _spin(answer, label):
+    while True:
+        pass
+
+
+def test_timeout_in_main_thread(monkeypatch):
+    monkeypatch.setattr(reward, "_equivalent", _spin)
+    start = time.perf_counter()
+    assert grade("\\boxed{1}", "1", timeout_s=0.2) == Grade(0.0, "1", timed_out=True)
+    assert time.perf_counter() - start < 1.5
+    assert grade_batch(["\\boxed{1}"] * 2, ["1", "2"], timeout_s=0.1)[1]["timeouts"] == 2
+
+
+def test_timeout_off_main_thread(monkeypatch):
+    monkeypatch.setattr(reward, "_equivalent", _spin)
+    out = []
+    worker = threading.Thread(target=lambda: out.append(grade("\\boxed{1}", "1", timeout_s=0.2)))
+    worker.start()
+    worker.join(5)
+    assert out == [Grade(0.0, "1", timed_out=True)]
+    time.sleep(0.1)  # the watchdog's victim thread ends at its next bytecode
+    assert not [t for t in threading.enumerate() if t.name == "math-reward"]
+
+
+def test_grading_works_off_main_thread():
+    out = []
+    worker = threading.Thread(target=lambda: out.append(math_reward(WORKED, "0.5")))
+    worker.start()
+    worker.join(10)
+    assert out == [1.0]
+
+
+def test_grade_batch_stats():
+    responses = [WORKED, "\\boxed{3}", "no idea", "\\boxed{4}"]
+    grades, stats = grade_batch(responses, ["1/2", "3", "5", "5"])
+    assert [g.score for g in grades] == [1.0, 1.0, 0.0, 0.0]
+    assert [g.answer for g in grades] == ["\\dfrac{1}{2}", "3", "", "4"]
+    assert stats["accuracy"] == 0.5 and stats["timeouts"] == 0 and stats["no_answer"] == 1
+    with pytest.raises(ValueError, match="2 responses but 1 labels"):
+        grade_batch(["a", "b"], ["1"])
