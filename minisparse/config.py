@@ -101,13 +101,13 @@ class LossConfig:
 
 @dataclass
 class EvalConfig:
-    benchmarks: list[str] = field(default_factory=list)
+    benchmarks: list[str] = field(default_factory=list)  # empty: the paper's seven
     data_dir: str = "../shared/data/eval"
     limit: int | None = None
-    max_new_tokens: int = 8192
+    max_new_tokens: int | None = None  # None: each benchmark's protocol value
     temperature: float = 0.8
     top_p: float = 0.95
-    n_samples: int = 1
+    n_samples: int | None = None  # None: each benchmark's protocol value (32 on aime24/amc23)
     prompt_template: str = "boxed"  # boxed | chat
 
 

@@ -1,0 +1,350 @@
+"""Benchmark evaluation through the rollout engine: prompts, generation, grading, metrics
+and result files. eval.py drives it from the command line; train.py calls `evaluate` every
+eval_interval steps with its own engine, so nothing here loads models or parses flags.
+
+Protocol (Sparse-RL paper / Qwen2.5-Math harness): every sample is graded with
+minisparse.reward (math-verify); a benchmark reports avg@n (mean accuracy over all samples)
+and unbiased pass@k for the powers of two up to n. Results are written per benchmark and
+atomically, so a re-run into the same directory can skip what is already finished.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from minisparse.benchmarks import Problem, get_spec, load_benchmarks
+from minisparse.config import ConfigError
+
+# The paper's default prompt: the question, this instruction, no chat template.
+BOXED_INSTRUCTION = " Please reason step by step, and put your final answer within \\boxed{}.\n\n"
+# The training set's turn (simplelr_qwen_level3to5.jsonl), doubled braces as published:
+# the model saw exactly this during RL, so the chat template repeats it verbatim.
+CHAT_SYSTEM = "You are a helpful assistant."
+CHAT_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+PROMPT_TEMPLATES = ("boxed", "chat")
+# Stop tokens of the harness (besides the tokenizer's eos), where the vocabulary has them.
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>")
+
+
+class ResultsMismatchError(ValueError):
+    """The output directory holds finished results made with different settings."""
+
+
+# ------------------------------------------------------------------------------ prompts
+
+
+def check_prompt_template(tokenizer: Any, template: str) -> None:
+    """Fail before generation when the template is unknown or the tokenizer cannot do it."""
+    if template not in PROMPT_TEMPLATES:
+        raise ConfigError(f"unknown prompt template '{template}'; use one of {PROMPT_TEMPLATES}")
+    if template == "chat" and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("the tokenizer has no chat template; use --prompt-template boxed")
+
+
+def prompt_text(tokenizer: Any, question: str, template: str) -> str:
+    """The prompt string the model sees for one question."""
+    if template == "boxed":
+        return question + BOXED_INSTRUCTION
+    messages = [
+        {"role": "system", "content": CHAT_SYSTEM},
+        {"role": "user", "content": question + CHAT_INSTRUCTION},
+    ]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_token_ids(tokenizer: Any, question: str, template: str) -> list[int]:
+    """Token ids; special tokens (BOS) are added only where the chat template has none."""
+    text = prompt_text(tokenizer, question, template)
+    return list(tokenizer.encode(text, add_special_tokens=template == "boxed"))
+
+
+def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[t] for t in STOP_TOKENS if t in vocab}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with c correct out of n: 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_k_values(n: int) -> list[int]:
+    """1, 2, 4, ... up to n."""
+    return [2**i for i in range(n.bit_length()) if 2**i <= n]
+
+
+def sample_metrics(records: Sequence[dict], n_samples: int) -> dict:
+    """avg@n, pass@k, length, truncation and timeouts from per-sample records."""
+    correct: dict[int, int] = {}
+    for r in records:
+        correct[r["problem_index"]] = correct.get(r["problem_index"], 0) + int(r["correct"])
+    total = len(records)
+    metrics = {
+        "problems": len(correct),
+        "samples": total,
+        "accuracy": sum(int(r["correct"]) for r in records) / total,
+        "pass_at_k": {
+            f"pass@{k}": sum(pass_at_k(n_samples, c, k) for c in correct.values()) / len(correct)
+            for k in pass_k_values(n_samples)
+        },
+        "mean_response_tokens": sum(r["tokens"] for r in records) / total,
+        "truncated_fraction": sum(r["finish_reason"] == "length" for r in records) / total,
+        "grading_timeouts": sum(bool(r["grading_timed_out"]) for r in records),
+    }
+    if any("num_compressions" in r for r in records):
+        metrics["mean_compressions"] = sum(r.get("num_compressions", 0) for r in records) / total
+    return metrics
+
+
+def _stats_dict(stats: Any) -> dict:
+    """The engine's GenerateStats (a dataclass or object) as a JSON-friendly dict."""
+    if stats is None:
+        return {}
+    raw = asdict(stats) if is_dataclass(stats) else dict(vars(stats))
+    return {k: v for k, v in raw.items() if isinstance(v, (int, float, str, bool))}
+
+
+# ------------------------------------------------------------------------------ generation
+
+
+def _record(problem: Problem, out: Any, response: str, grade: Any) -> dict:
+    record = {
+        "problem_index": problem.index,
+        "sample_index": out.sample_index,
+        "question": problem.question,
+        "ground_truth": problem.answer,
+        "response": response,
+        "extracted_answer": grade.answer,
+        "correct": grade.score > 0.5,
+        "score": grade.score,
+        "grading_timed_out": grade.timed_out,
+        "tokens": len(out.token_ids),
+        "finish_reason": out.finish_reason,
+    }
+    for key in ("num_compressions", "evicted_tokens", "peak_cache_tokens"):
+        if getattr(out, key, None) is not None:
+            record[key] = getattr(out, key)
+    return record
+
+
+def run_benchmark(
+    engine: Any, tokenizer: Any, problems: Sequence[Problem], params: Any,
+    template: str, progress: bool = True,
+) -> tuple[list[dict], dict]:
+    """Generate n samples per problem, grade them; (per-sample records, timing stats)."""
+    from minisparse.reward import grade_batch
+
+    prompts = [prompt_token_ids(tokenizer, p.question, template) for p in problems]
+    start = time.perf_counter()
+    outs = engine.generate(prompts, params, progress=progress)
+    gen_s = time.perf_counter() - start
+    responses = [tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+    start = time.perf_counter()
+    grades, _ = grade_batch(responses, [problems[o.prompt_index].answer for o in outs])
+    grade_s = time.perf_counter() - start
+    records = [_record(problems[o.prompt_index], o, r, g)
+               for o, r, g in zip(outs, responses, grades)]
+    tokens = sum(r["tokens"] for r in records)
+    timing = {
+        "generation_s": gen_s,
+        "generated_tokens": tokens,
+        "tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0,
+        "grading_s": grade_s,
+        "engine": _stats_dict(getattr(engine, "last_stats", None)),
+    }
+    return records, timing
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
+    """Write through a temporary file and rename, so a killed run leaves no partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide results from other users
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    _atomic_write(path, lambda f: json.dump(obj, f, indent=2, ensure_ascii=False))
+
+
+def write_benchmark_results(bench_dir: Path, records: Sequence[dict], result: dict) -> None:
+    """samples.jsonl first, metrics.json last: metrics.json marks the benchmark finished."""
+    def write_lines(f: Any) -> None:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+    _atomic_write(bench_dir / "samples.jsonl", write_lines)
+    write_json(bench_dir / "metrics.json", result)
+
+
+def load_finished(bench_dir: Path, settings: dict) -> dict | None:
+    """The saved result of a finished benchmark, None if unfinished; mismatch raises."""
+    metrics_path = bench_dir / "metrics.json"
+    if not (metrics_path.is_file() and (bench_dir / "samples.jsonl").is_file()):
+        return None
+    saved = json.loads(metrics_path.read_text(encoding="utf-8"))
+    if saved.get("settings") != settings:
+        differ = sorted(k for k in set(settings) | set(saved.get("settings", {}))
+                        if settings.get(k) != saved.get("settings", {}).get(k))
+        raise ResultsMismatchError(
+            f"{metrics_path} holds results made with other settings (differ: "
+            f"{', '.join(differ)}); pass --overwrite or choose another output directory"
+        )
+    return saved
+
+
+# ------------------------------------------------------------------------------ driver
+
+
+def protocol_for(name: str, eval_cfg: Any) -> tuple[int, int]:
+    """(n_samples, max_new_tokens): the config's value when set, else the paper's."""
+    spec = get_spec(name)
+    n, max_new = eval_cfg.n_samples, eval_cfg.max_new_tokens
+    return (spec.n_samples if n is None else n,
+            spec.max_new_tokens if max_new is None else max_new)
+
+
+def _sampling_params(eval_cfg: Any, n: int, max_new: int, seed: int | None, stops: tuple) -> Any:
+    from minisparse.engine import SamplingParams
+
+    return SamplingParams(
+        temperature=eval_cfg.temperature, top_p=eval_cfg.top_p, top_k=-1,
+        max_new_tokens=max_new, n=n, seed=seed, stop_token_ids=stops,
+    )
+
+
+def _json_normal(obj: Any) -> Any:
+    return json.loads(json.dumps(obj))
+
+
+def _plan(
+    problems: dict[str, list[Problem]], eval_cfg: Any, common: dict,
+    output_dir: str | Path | None, overwrite: bool,
+) -> list[tuple[str, dict, Path | None, dict | None]]:
+    """(name, settings, folder, saved result or None) per benchmark. Runs before any
+    generation, so a mismatch with results already in output_dir fails early."""
+    plan = []
+    for name in problems:
+        n, max_new = protocol_for(name, eval_cfg)
+        bench_settings = {**common, "n_samples": n, "max_new_tokens": max_new}
+        bench_dir = Path(output_dir) / name if output_dir is not None else None
+        saved = None
+        if bench_dir is not None and not overwrite:
+            saved = load_finished(bench_dir, bench_settings)
+        plan.append((name, bench_settings, bench_dir, saved))
+    return plan
+
+
+def _score_benchmark(
+    engine: Any, tokenizer: Any, eval_cfg: Any, problems: list[Problem], bench_settings: dict,
+    bench_dir: Path | None, stops: tuple[int, ...], progress: bool,
+) -> dict:
+    """Generate, grade and (with a folder) write one benchmark; its metrics."""
+    n, max_new = bench_settings["n_samples"], bench_settings["max_new_tokens"]
+    params = _sampling_params(eval_cfg, n, max_new, bench_settings["seed"], stops)
+    records, timing = run_benchmark(
+        engine, tokenizer, problems, params, eval_cfg.prompt_template, progress
+    )
+    metrics = {"n_samples": n, "max_new_tokens": max_new, **sample_metrics(records, n), **timing}
+    if bench_dir is not None:
+        result = {"settings": bench_settings, "metrics": metrics}
+        write_benchmark_results(bench_dir, records, result)
+    return metrics
+
+
+def evaluate(
+    engine: Any, tokenizer: Any, eval_cfg: Any, output_dir: str | Path | None = None, *,
+    settings: dict | None = None, seed: int | None = None, overwrite: bool = False,
+    progress: bool = True, problems: dict[str, list[Problem]] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Score eval_cfg.benchmarks (empty: the paper's seven) with `engine`; the summary dict.
+
+    `settings` (model, compression, ...) is recorded with every result and must match for
+    a finished benchmark in output_dir to be reused. `problems` skips re-reading files
+    that the caller already validated. n_samples / max_new_tokens of None in eval_cfg
+    select the per-benchmark protocol (32 samples and 16,384 tokens for aime24, amc23).
+    """
+    check_prompt_template(tokenizer, eval_cfg.prompt_template)
+    if problems is None:
+        problems = load_benchmarks(eval_cfg.benchmarks, eval_cfg.data_dir, eval_cfg.limit)
+    common = _json_normal({
+        **(settings or {}), "prompt_template": eval_cfg.prompt_template,
+        "temperature": eval_cfg.temperature, "top_p": eval_cfg.top_p, "seed": seed,
+        "limit": eval_cfg.limit,
+    })
+    stops = stop_token_ids(tokenizer)
+    results: dict[str, dict] = {}
+    for name, bench_settings, bench_dir, saved in _plan(problems, eval_cfg, common,
+                                                         output_dir, overwrite):
+        if saved is not None:
+            log(f"[{name}] finished earlier in {bench_dir}, skipped (--overwrite to redo)")
+            results[name] = saved["metrics"]
+            continue
+        log(f"[{name}] {len(problems[name])} problems x {bench_settings['n_samples']} samples, "
+            f"<= {bench_settings['max_new_tokens']} new tokens")
+        results[name] = _score_benchmark(engine, tokenizer, eval_cfg, problems[name],
+                                         bench_settings, bench_dir, stops, progress)
+    summary = {
+        "settings": common,
+        "benchmarks": results,
+        "average_accuracy": sum(m["accuracy"] for m in results.values()) / max(len(results), 1),
+    }
+    if output_dir is not None:
+        write_json(Path(output_dir) / "summary.json", summary)
+    return summary
+
+
+def flat_metrics(summary: dict, prefix: str = "eval") -> dict[str, float]:
+    """{'eval/gsm8k/accuracy': ..., 'eval/average_accuracy': ...} for the training logger."""
+    flat = {f"{prefix}/average_accuracy": summary["average_accuracy"]}
+    for name, m in summary["benchmarks"].items():
+        for key in ("accuracy", "mean_response_tokens", "truncated_fraction"):
+            flat[f"{prefix}/{name}/{key}"] = m[key]
+        for key, value in m["pass_at_k"].items():
+            flat[f"{prefix}/{name}/{key}"] = value
+    return flat
+
+
+def format_table(summary: dict) -> str:
+    """The per-benchmark table eval.py prints."""
+    header = ("benchmark", "problems", "n", "avg@n", "pass@max", "mean len", "truncated",
+              "timeouts", "gen s", "tok/s")
+    rows = [header]
+    for name, m in summary["benchmarks"].items():
+        best_k = list(m["pass_at_k"])[-1]
+        rows.append((
+            name, str(m["problems"]), str(m["n_samples"]), f"{100 * m['accuracy']:.1f}",
+            f"{100 * m['pass_at_k'][best_k]:.1f} ({best_k})", f"{m['mean_response_tokens']:.0f}",
+            f"{100 * m['truncated_fraction']:.1f}%", str(m["grading_timeouts"]),
+            f"{m['generation_s']:.1f}", f"{m['tokens_per_s']:.0f}",
+        ))
+    rows.append(("average", "", "", f"{100 * summary['average_accuracy']:.1f}") + ("",) * 6)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

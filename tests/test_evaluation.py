@@ -1,0 +1,193 @@
+"""Metrics against hand-computed values, prompts, and evaluate() with a scripted engine
+whose responses are known, so accuracy, pass@k and the files can be checked exactly."""
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from minisparse.benchmarks import Problem
+from minisparse.evaluation import (
+    ResultsMismatchError,
+    evaluate,
+    flat_metrics,
+    format_table,
+    pass_at_k,
+    pass_k_values,
+    prompt_text,
+    prompt_token_ids,
+    sample_metrics,
+    stop_token_ids,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from minisparse.tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+def test_pass_at_k_hand_values():
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)  # c / n
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(4, 2, 2) == pytest.approx(5 / 6)  # 1 - C(2,2)/C(4,2) = 1 - 1/6
+    assert pass_at_k(4, 0, 4) == 0.0
+    assert pass_at_k(4, 1, 4) == 1.0
+    assert pass_at_k(32, 1, 16) == pytest.approx(0.5)  # 1 - C(31,16)/C(32,16) = 16/32
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+
+
+def test_pass_k_values():
+    assert pass_k_values(1) == [1]
+    assert pass_k_values(6) == [1, 2, 4]
+    assert pass_k_values(32) == [1, 2, 4, 8, 16, 32]
+
+
+def _rec(problem, correct, tokens, finish="stop", timed_out=False):
+    return {"problem_index": problem, "correct": correct, "tokens": tokens,
+            "finish_reason": finish, "grading_timed_out": timed_out}
+
+
+def test_sample_metrics_hand_computed():
+    records = [
+        _rec(0, True, 10), _rec(0, False, 20, "length"), _rec(0, False, 30), _rec(0, False, 40),
+        _rec(1, True, 5), _rec(1, True, 5), _rec(1, False, 5, "length", True), _rec(1, False, 5),
+    ]
+    m = sample_metrics(records, n_samples=4)
+    assert (m["problems"], m["samples"]) == (2, 8)
+    assert m["accuracy"] == pytest.approx(3 / 8)
+    # problem 0: c=1, problem 1: c=2
+    assert m["pass_at_k"] == pytest.approx(
+        {"pass@1": 0.375, "pass@2": (0.5 + 5 / 6) / 2, "pass@4": 1.0}
+    )
+    assert m["mean_response_tokens"] == pytest.approx(120 / 8)
+    assert m["truncated_fraction"] == pytest.approx(0.25)
+    assert m["grading_timeouts"] == 1
+
+
+def test_boxed_prompt(tokenizer):
+    text = prompt_text(tokenizer, "What is 2+2?", "boxed")
+    assert text == ("What is 2+2? Please reason step by step, and put your final answer "
+                    "within \\boxed{}.\n\n")
+    assert tokenizer.decode(prompt_token_ids(tokenizer, "What is 2+2?", "boxed")) == text
+
+
+def test_chat_prompt_matches_training_format(tokenizer):
+    # The layout of simplelr_qwen_level3to5.jsonl's prompts (own question).
+    expected = (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+        "What is 2+2?\nPlease reason step by step, and put your final answer within "
+        "\\boxed{{}}.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert prompt_text(tokenizer, "What is 2+2?", "chat") == expected
+    ids = prompt_token_ids(tokenizer, "What is 2+2?", "chat")
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert tokenizer.decode(ids) == expected
+
+
+def test_stop_tokens(tokenizer):
+    ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    assert set(stop_token_ids(tokenizer)) == ids
+
+
+# ---------------------------------------------------------------- scripted engine
+
+
+@dataclass
+class Out:
+    prompt_index: int
+    sample_index: int
+    token_ids: list
+    finish_reason: str = "stop"
+
+
+@dataclass
+class ScriptedEngine:
+    """Answers prompt i, sample j with script[i][j] (text), encoded by the tokenizer."""
+
+    tokenizer: object
+    script: list
+    calls: list = field(default_factory=list)
+
+    def generate(self, prompts, params, progress=False):
+        self.calls.append((len(prompts), params.n, params.max_new_tokens))
+        outs = []
+        for i in range(len(prompts)):
+            for j in range(params.n):
+                ids = self.tokenizer.encode(self.script[i][j], add_special_tokens=False)
+                finish = "length" if len(ids) > params.max_new_tokens else "stop"
+                outs.append(Out(i, j, ids[: params.max_new_tokens], finish))
+        return outs
+
+
+def _eval_cfg(**kw):
+    base = dict(benchmarks=["math500"], data_dir="unused", limit=None, max_new_tokens=None,
+                temperature=0.8, top_p=0.95, n_samples=4, prompt_template="boxed")
+    return SimpleNamespace(**{**base, **kw})
+
+
+PROBLEMS = {"math500": [Problem("math500", 0, "1+1?", "2"), Problem("math500", 1, "2*3?", "6")]}
+SCRIPT = [
+    ["so \\boxed{2}", "\\boxed{3}", "no answer", "\\boxed{5}"],
+    ["\\boxed{6}", "\\boxed{6}", "\\boxed{7}", "it is \\boxed{1}"],
+]
+
+
+def test_evaluate_scripted_outputs_and_files(tokenizer, tmp_path):
+    engine = ScriptedEngine(tokenizer, SCRIPT)
+    summary = evaluate(engine, tokenizer, _eval_cfg(), tmp_path, problems=PROBLEMS,
+                       settings={"model": "scripted"}, seed=3, progress=False, log=lambda s: None)
+    assert engine.calls == [(2, 4, 8192)]  # math500's protocol token limit
+    m = summary["benchmarks"]["math500"]
+    assert m["accuracy"] == pytest.approx(3 / 8)
+    assert m["pass_at_k"] == pytest.approx({"pass@1": 0.375, "pass@2": (0.5 + 5 / 6) / 2,
+                                            "pass@4": 1.0})
+    assert summary["average_accuracy"] == pytest.approx(3 / 8)
+    lines = (tmp_path / "math500" / "samples.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert [r["correct"] for r in rows] == [True, False, False, False, True, True, False, False]
+    assert [r["extracted_answer"] for r in rows[:4]] == ["2", "3", "", "5"]
+    assert rows[2]["response"] == "no answer"
+    assert rows[5]["sample_index"] == 1 and rows[5]["ground_truth"] == "6"
+    saved = json.loads((tmp_path / "math500" / "metrics.json").read_text())
+    assert saved["settings"]["model"] == "scripted" and saved["settings"]["n_samples"] == 4
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["benchmarks"]["math500"]["accuracy"] == pytest.approx(3 / 8)
+    assert flat_metrics(summary)["eval/math500/pass@2"] == pytest.approx((0.5 + 5 / 6) / 2)
+    assert "math500" in format_table(summary)
+
+
+def test_evaluate_skips_finished_and_detects_mismatch(tokenizer, tmp_path):
+    kw = dict(problems=PROBLEMS, settings={"model": "scripted"}, progress=False,
+              log=lambda s: None)
+    evaluate(ScriptedEngine(tokenizer, SCRIPT), tokenizer, _eval_cfg(), tmp_path, **kw)
+    again = ScriptedEngine(tokenizer, SCRIPT)
+    summary = evaluate(again, tokenizer, _eval_cfg(), tmp_path, **kw)
+    assert again.calls == [] and summary["benchmarks"]["math500"]["accuracy"] == 0.375
+    with pytest.raises(ResultsMismatchError, match="differ: n_samples"):
+        evaluate(again, tokenizer, _eval_cfg(n_samples=2), tmp_path, **kw)
+    evaluate(again, tokenizer, _eval_cfg(n_samples=2), tmp_path, overwrite=True, **kw)
+    assert again.calls == [(2, 2, 8192)]
+    assert len((tmp_path / "math500" / "samples.jsonl").read_text().splitlines()) == 4
+
+
+def test_unfinished_benchmark_is_redone(tokenizer, tmp_path):
+    kw = dict(problems=PROBLEMS, progress=False, log=lambda s: None)
+    evaluate(ScriptedEngine(tokenizer, SCRIPT), tokenizer, _eval_cfg(), tmp_path, **kw)
+    (tmp_path / "math500" / "metrics.json").unlink()  # as if killed before the last write
+    engine = ScriptedEngine(tokenizer, SCRIPT)
+    evaluate(engine, tokenizer, _eval_cfg(), tmp_path, **kw)
+    assert engine.calls == [(2, 4, 8192)]
+    assert not list((tmp_path / "math500").glob("*.tmp"))
+
+
+def test_truncation_and_protocol_override(tokenizer):
+    engine = ScriptedEngine(tokenizer, [["x" * 50] * 4, ["6"] * 4])
+    summary = evaluate(engine, tokenizer, _eval_cfg(max_new_tokens=3, n_samples=4),
+                       problems=PROBLEMS, progress=False, log=lambda s: None)
+    m = summary["benchmarks"]["math500"]
+    assert engine.calls == [(2, 4, 3)]
+    assert m["truncated_fraction"] == 0.5 and m["max_new_tokens"] == 3
+    assert m["mean_response_tokens"] <= 3
