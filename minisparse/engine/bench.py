@@ -1,0 +1,98 @@
+"""Rollout throughput benchmark: `python -m minisparse.engine.bench --model qwen2.5-3b
+--device cuda --batch 256 --prompt-len 256 --max-new 2048 --compress rkv --budget 512`.
+
+Random seeded prompts, EOS ignored so every sequence runs to --max-new. Prints one summary
+line per run and writes the last repeat's numbers (plus every repeat's) to --json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from minisparse.config import CompressConfig
+from minisparse.engine import EngineArgs, LLMEngine, SamplingParams
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny", help="HF dir, 'tiny', or a shape name")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--batch", type=int, default=64, help="number of prompts")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--max-new", type=int, default=512)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--compress", default="none", choices=["none", "rkv", "snapkv"])
+    p.add_argument("--budget", type=int, default=512)
+    p.add_argument("--window", type=int, default=8)
+    p.add_argument("--divide-length", type=int, default=128)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--kv-memory-gb", type=float, default=0.0)
+    p.add_argument("--kv-fraction", type=float, default=0.8)
+    p.add_argument("--max-num-seqs", type=int, default=512)
+    p.add_argument("--max-prefill-tokens", type=int, default=16384)
+    p.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the results here")
+    return p.parse_args(argv)
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """Seeded token ids, kept clear of the top of the vocabulary (special tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, max(11, vocab - 512), (n, length), generator=g).tolist()
+
+
+def run(args: argparse.Namespace) -> dict:
+    from minisparse.models import load_policy
+
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    model, tokenizer = load_policy(args.model, dtype, args.device)
+    model.eval()
+    compress = CompressConfig(algorithm=args.compress, budget=args.budget, window=args.window,
+                              divide_length=args.divide_length)
+    engine = LLMEngine(model, tokenizer, EngineArgs(
+        page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
+        kv_memory_fraction=args.kv_fraction, max_num_seqs=args.max_num_seqs,
+        max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs,
+        compress=compress, device=args.device))
+    prompts = random_prompts(args.batch, args.prompt_len, model.config.vocab_size, args.seed)
+    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new,
+                            seed=args.seed, ignore_eos=True)
+    runs = []
+    for r in range(args.repeats):
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        outs = engine.generate(prompts, params)
+        s = engine.last_stats
+        runs.append(dict(
+            tokens_per_s=s.tokens_per_s, generated_tokens=s.generated_tokens, wall_s=s.wall_s,
+            peak_kv_tokens=s.peak_kv_tokens,
+            peak_kv_tokens_per_seq=max(o.peak_cache_tokens for o in outs),
+            peak_pages_used=s.peak_pages_used, preemptions=s.preemptions,
+            compressions=s.compressions, evicted_tokens=s.evicted_tokens,
+            peak_gpu_memory_gb=(torch.cuda.max_memory_allocated() / 2**30
+                                if args.device.startswith("cuda") else 0.0)))
+        print(f"[bench {r + 1}/{args.repeats}] model={args.model} compress={args.compress} "
+              f"batch={args.batch} prompt={args.prompt_len} new={args.max_new}: "
+              f"{s.tokens_per_s:.0f} tok/s, {s.generated_tokens} tok in {s.wall_s:.2f}s, "
+              f"peak kv {s.peak_kv_tokens} tok (per seq {runs[-1]['peak_kv_tokens_per_seq']}), "
+              f"preemptions {s.preemptions}, compressions {s.compressions}, "
+              f"gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB", flush=True)
+    result = dict(runs[-1], runs=runs, pool_pages=engine.pool.num_pages,
+                  pool_tokens=engine.pool.num_pages * engine.pool.page_size,
+                  config={k: v for k, v in vars(args).items() if k != "json"} | {"dtype": dtype},
+                  time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    run(parse_args())

@@ -1,0 +1,203 @@
+"""LLMEngine: the rollout engine. Owns the KV pool, scheduler and model runner, and runs
+the step loop: prefill (chunked) whenever waiting sequences fit, else one decode step for
+every running sequence; after each step, append sampled tokens, finish sequences, and
+compress the caches that the trigger marks due.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+from torch import nn
+
+from minisparse.compression import build_policy, compress_due, max_cache_tokens, newline_token_ids
+from minisparse.engine.block_manager import BlockManager
+from minisparse.engine.compaction import compact
+from minisparse.engine.config import EngineArgs, SamplingParams
+from minisparse.engine.cuda_graph import DecodeGraphs
+from minisparse.engine.kv_pool import KVPool
+from minisparse.engine.layers.sampler import seed_for
+from minisparse.engine.model_runner import ModelRunner
+from minisparse.engine.models import CausalLM
+from minisparse.engine.scheduler import Scheduler
+from minisparse.engine.sequence import GenerateStats, SampleOutput, Sequence
+
+
+def eos_token_ids(model: nn.Module, tokenizer) -> set[int]:
+    """EOS ids from the tokenizer and the model's generation_config (either may list several)."""
+    ids: set[int] = set()
+    sources = (getattr(tokenizer, "eos_token_id", None),
+               getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    for x in sources:
+        if x is not None:
+            ids.update(x if isinstance(x, (list, tuple)) else [x])
+    return ids
+
+
+class LLMEngine:
+    def __init__(self, model: nn.Module, tokenizer, args: EngineArgs) -> None:
+        self.args, self.tokenizer = args, tokenizer
+        self.device = torch.device(args.device)
+        self.lm = CausalLM(model)
+        self.pool = KVPool(self.lm, args, self.device)
+        self.pool.allocate()
+        self.runner = ModelRunner(self.lm, self.pool)
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.policy = build_policy(args.compress) if args.compression_on else None
+        self.newline_ids: set[int] = set()
+        if self.policy is not None and args.compress.divide_method == "newline":
+            self.newline_ids = set(newline_token_ids(tokenizer))
+        self._reset_graphs()
+        self.last_stats = GenerateStats()
+        self.blocks: BlockManager | None = None  # the last generate() call's page allocator
+
+    # ---- phase control ------------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """Free the KV pool (and query ring, and decode graphs) for the training phase."""
+        self.runner.graphs = None
+        self.pool.release()
+
+    def wake(self) -> None:
+        if not self.pool.allocated:
+            self.pool.allocate()
+            self._reset_graphs()
+
+    def update_weights(self, model: nn.Module) -> None:
+        """Re-bind to the (possibly new) parameter tensors of `model`; nothing is copied.
+        Captured decode graphs are dropped (they hold the old tensors' addresses)."""
+        self.lm.bind(model)
+        self._reset_graphs()
+
+    def _reset_graphs(self) -> None:
+        """Fresh (empty, lazily captured) decode graphs when enabled on CUDA."""
+        self.runner.graphs = None
+        if self.args.cuda_graphs and self.device.type == "cuda" and self.pool.allocated:
+            bound = max_cache_tokens(self.args.compress) if self.policy is not None else None
+            self.runner.graphs = DecodeGraphs(self.lm, self.pool, bound or self.pool.max_model_len)
+
+    # ---- generation ---------------------------------------------------------------------
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams,
+                 progress: bool = False) -> list[SampleOutput]:
+        """Sample params.n completions per prompt; outputs are prompt-major."""
+        if not self.pool.allocated:
+            raise RuntimeError("engine is asleep: call wake() before generate()")
+        base_seed = params.seed if params.seed is not None else random.getrandbits(32)
+        blocks = self.blocks = BlockManager(self.pool.num_pages, self.pool.page_size)
+        sched = Scheduler(blocks, self.args.max_num_seqs, self.args.max_prefill_tokens)
+        seqs = []
+        for p, prompt in enumerate(prompt_token_ids):
+            for j in range(params.n):
+                index = p * params.n + j
+                seq = Sequence(index, p, j, list(prompt), len(prompt), seed_for(base_seed, index))
+                seqs.append(seq)
+                if not prompt or len(prompt) >= self.pool.max_model_len:
+                    seq.finish_reason = "abort"
+                else:
+                    sched.add(seq)
+        stats = GenerateStats()
+        start = time.perf_counter()
+        bar = _progress(len(seqs), progress)
+        while not sched.done:
+            finished = self._step(sched, blocks, params, stats)
+            if bar is not None and finished:
+                bar.update(finished)
+        if bar is not None:
+            bar.close()
+        stats.wall_s = time.perf_counter() - start
+        stats.generated_tokens = sum(s.num_generated for s in seqs)
+        stats.tokens_per_s = stats.generated_tokens / max(stats.wall_s, 1e-9)
+        stats.peak_pages_used = blocks.peak_used
+        stats.preemptions = sched.preemptions
+        stats.compressions = sum(s.num_compressions for s in seqs)
+        stats.evicted_tokens = sum(s.evicted_tokens for s in seqs)
+        self.last_stats = stats
+        return [s.to_output() for s in seqs]
+
+    def _step(self, sched: Scheduler, blocks: BlockManager, params: SamplingParams,
+              stats: GenerateStats) -> int:
+        """One engine step; returns how many sequences finished in it."""
+        chunks, aborted = sched.schedule_prefill()
+        for seq in aborted:
+            seq.finish_reason = "abort"
+        if chunks:
+            self._sync_pages(sched)
+            done, tokens, logprobs = self.runner.prefill(chunks, params)
+            for seq, n in chunks:
+                seq.num_computed += n
+                seq.cache_len += n
+                seq.peak_cache = max(seq.peak_cache, seq.cache_len)
+            for seq in done:
+                sched.finish_prefill(seq)
+                seq.since_compress = 0
+            stats.prefill_tokens += sum(n for _, n in chunks)
+        else:
+            done = sched.schedule_decode()
+            if not done:
+                return len(aborted)
+            self._sync_pages(sched)
+            tokens, logprobs = self.runner.decode(done, params)
+            for seq in done:
+                seq.num_computed += 1
+                seq.cache_len += 1
+                seq.since_compress += 1
+                seq.peak_cache = max(seq.peak_cache, seq.cache_len)
+        stats.steps += 1
+        stats.peak_kv_tokens = max(stats.peak_kv_tokens, _cached_tokens(sched))
+        finished = self._append(sched, done, tokens, logprobs, params)
+        self._compress(blocks, [s for s in done if s.finish_reason is None])
+        return finished + len(aborted)
+
+    def _append(self, sched: Scheduler, seqs: list[Sequence], tokens: list[int],
+                logprobs: list[float], params: SamplingParams) -> int:
+        finished = 0
+        for seq, tok, lp in zip(seqs, tokens, logprobs):
+            seq.token_ids.append(tok)
+            seq.logprobs.append(lp)
+            if (not params.ignore_eos and tok in self.eos_ids) or tok in params.stop_token_ids:
+                reason = "stop"
+            elif seq.num_generated >= params.max_new_tokens or len(seq) >= self.pool.max_model_len:
+                reason = "length"
+            else:
+                continue
+            sched.finish(seq, reason)
+            finished += 1
+        return finished
+
+    def _compress(self, blocks: BlockManager, seqs: list[Sequence]) -> None:
+        """Compress every sequence of `seqs` the trigger marks due, in one batched call."""
+        if self.policy is None or not seqs:
+            return
+        cfg = self.args.compress
+        lens = torch.tensor([s.cache_len for s in seqs])
+        since = torch.tensor([s.since_compress for s in seqs])
+        newline = torch.tensor([s.last_token in self.newline_ids for s in seqs])
+        due = [s for s, d in zip(seqs, compress_due(lens, since, newline, cfg).tolist()) if d]
+        if not due:
+            return
+        compact(self.pool, self.policy, [s.slot for s in due], [s.cache_len for s in due],
+                [s.num_computed for s in due])
+        keep_pages = blocks.pages_for(cfg.budget)
+        for seq in due:
+            blocks.release(seq.pages[keep_pages:])
+            seq.pages = seq.pages[:keep_pages]
+            seq.evicted_tokens += seq.cache_len - cfg.budget
+            seq.cache_len, seq.since_compress = cfg.budget, 0
+            seq.num_compressions += 1
+
+    def _sync_pages(self, sched: Scheduler) -> None:
+        dirty = sched.take_dirty()
+        self.pool.set_rows([s.slot for s in dirty], [s.pages for s in dirty])
+
+
+def _cached_tokens(sched: Scheduler) -> int:
+    return sum(s.cache_len for s in sched.running) + sum(s.cache_len for s in sched.waiting)
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc="generate", unit="seq")

@@ -1,0 +1,108 @@
+"""The preallocated KV pool: K and V for every layer in pages of page_size slots, the
+device page table, and (with compression) the ring of each sequence's last W queries.
+
+Layout: k/v [layers, (num_pages + 1) * page_size, H_kv, D]. A slot holds one token per KV
+head, and compaction may put different tokens in the same slot for different heads (slot j
+of head h = the j-th kept token of head h), which this layout allows at no extra cost.
+The last page is a scratch page that the allocator never hands out: page-table row
+`scratch_row` (one past the sequences' rows) points only at it, so padded rows of a
+fixed-shape (CUDA-graph) decode batch can write and attend somewhere harmless.
+"""
+from __future__ import annotations
+
+import torch
+
+from minisparse.engine.config import EngineArgs
+from minisparse.engine.models import CausalLM
+
+_GIB = 1 << 30
+
+
+def pool_bytes(args: EngineArgs, device: torch.device, reserved: int = 0) -> int:
+    """Bytes for the pool: kv_memory_gb if set, else a fraction of the free GPU memory
+    (minus what the engine reserves for other buffers), or of kv_cpu_memory_gb on CPU."""
+    if args.kv_memory_gb > 0:
+        return int(args.kv_memory_gb * _GIB)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(args.kv_memory_fraction * max(free - reserved, 0))
+    return int(args.kv_memory_fraction * args.kv_cpu_memory_gb * _GIB)
+
+
+class KVPool:
+    def __init__(self, lm: CausalLM, args: EngineArgs, device: torch.device) -> None:
+        self.lm, self.args, self.device = lm, args, device
+        self.page_size = args.page_size
+        self.window = args.compress.window if args.compression_on else 0
+        self.max_model_len = min(args.max_model_len or lm.max_position, lm.max_position)
+        self.k = self.v = self.q_ring = self.page_table = None
+        self.num_pages = 0
+
+    @property
+    def allocated(self) -> bool:
+        return self.k is not None
+
+    def bytes_per_page(self) -> int:
+        elt = torch.empty((), dtype=self.lm.dtype).element_size()
+        lm = self.lm
+        return 2 * lm.num_layers * self.page_size * lm.num_kv_heads * lm.head_dim * elt
+
+    def allocate(self) -> None:
+        """Allocate ring and page table, then give the pool what the budget leaves."""
+        lm, dev, dtype = self.lm, self.device, self.lm.dtype
+        if self.window:
+            rows = (self.args.max_num_seqs + 1) * self.window
+            self.q_ring = torch.zeros(lm.num_layers, rows, lm.num_heads, lm.head_dim,
+                                      dtype=dtype, device=dev)
+        self.num_pages = pool_bytes(self.args, dev) // self.bytes_per_page() - 1
+        if self.num_pages < 1:
+            raise RuntimeError("KV pool budget is smaller than two pages")
+        pages_per_seq = min(self.num_pages, -(-self.max_model_len // self.page_size))
+        self.page_table = torch.zeros(self.args.max_num_seqs + 1, pages_per_seq,
+                                      dtype=torch.long, device=dev)
+        self.page_table[self.scratch_row] = self.num_pages
+        shape = (lm.num_layers, (self.num_pages + 1) * self.page_size, lm.num_kv_heads,
+                 lm.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=dev)
+        self.v = torch.zeros(shape, dtype=dtype, device=dev)
+
+    def release(self) -> None:
+        self.k = self.v = self.q_ring = self.page_table = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    @property
+    def scratch_row(self) -> int:
+        return self.args.max_num_seqs
+
+    @property
+    def pages_per_seq(self) -> int:
+        return self.page_table.shape[1]
+
+    def set_rows(self, rows: list[int], tables: list[list[int]]) -> None:
+        """Write sequences' page lists into the device page table (one copy per call)."""
+        if not rows:
+            return
+        r = [row for row, t in zip(rows, tables) for _ in t]
+        c = [i for t in tables for i in range(len(t))]
+        p = [page for t in tables for page in t]
+        idx = torch.tensor([r, c], dtype=torch.long).to(self.device, non_blocking=True)
+        self.page_table[idx[0], idx[1]] = torch.tensor(p, dtype=torch.long).to(self.device)
+
+    def slots(self, rows: torch.Tensor, length: int) -> torch.Tensor:
+        """Pool slots of cache entries 0..length-1 for each row: [len(rows), length]."""
+        j = torch.arange(length, device=self.device)
+        pages = (j // self.page_size).clamp_(max=self.pages_per_seq - 1)
+        return self.page_table[rows][:, pages] * self.page_size + j % self.page_size
+
+    def slot_of(self, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Pool slot of cache entry index[i] of row rows[i]."""
+        ps = self.page_size
+        return self.page_table[rows, index // ps] * ps + index % ps
+
+    def ring_queries(self, rows: torch.Tensor, next_pos: torch.Tensor) -> torch.Tensor:
+        """The last W queries of each row in time order: [layers, len(rows), W, H_q, D]."""
+        W = self.window
+        order = (next_pos[:, None] + torch.arange(W, device=self.device)) % W  # oldest first
+        flat = rows[:, None] * W + order
+        return self.q_ring[:, flat]

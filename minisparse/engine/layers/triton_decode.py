@@ -1,0 +1,178 @@
+"""Triton paged decode attention: one query token per sequence against its paged KV cache.
+
+Why a kernel: the PyTorch path gathers every cached K/V byte into a dense [B, H_kv, L, D]
+copy and reads it again in SDPA; decode is memory bound, so reading the pool once in place
+halves the traffic. Each program owns one (sequence, KV head, split): it loads a [BLOCK_N, D]
+tile of K and V once (slots looked up per token through the page table, so BLOCK_N does not
+depend on page_size) and serves all G query heads of that KV head with one tl.dot against a
+[G_PAD, D] query tile (G padded to 16, the smallest MMA M; the padded rows are free because
+the kernel is bound by the K/V loads, not by the MMA). When B * H_kv programs cannot fill the
+GPU, the sequence axis is split (flash-decoding) and a second kernel merges the partial
+results through their log-sum-exps. Softmax runs in fp32 in base 2. fp32 inputs use exact
+(non-TF32) dots; so do CPU tensors, i.e. Triton's interpreter, whose bf16/fp16 tl.dot
+returns garbage in Triton 3.6.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_MAX_SPLITS = 64
+_MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost outweighs the extra parallelism
+
+
+@triton.jit
+def _split_kernel(Q, K, V, PT, ROWS, LENS, OUT, MID_O, MID_LSE, qk_scale, split_len,
+                  stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_pt,
+                  stride_ob, stride_oh, stride_mb, stride_mh, stride_ms,
+                  G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                  BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    row = tl.load(ROWS + b).to(tl.int64)
+    length = tl.load(LENS + b)
+    start = s * split_len
+    end = tl.minimum(start + split_len, length)
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    heads = h * G + g
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=(g < G)[:, None], other=0.0)
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l = tl.full([G_PAD], 0.0, tl.float32)
+    acc = tl.full([G_PAD, D], 0.0, tl.float32)
+    pt_row = PT + row * stride_pt
+    for n0 in range(start, end, BLOCK_N):
+        j = n0 + tl.arange(0, BLOCK_N)
+        valid = j < end
+        page = tl.load(pt_row + j // PAGE, mask=valid, other=0).to(tl.int64)
+        slot = page * PAGE + j % PAGE
+        k = tl.load(K + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
+                    mask=valid[:, None], other=0.0)
+        if IEEE:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = tl.where(valid[None, :], qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(V + slot[:, None] * stride_vs + h * stride_vh + d[None, :],
+                    mask=valid[:, None], other=0.0)
+        if IEEE:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+
+    nonempty = l > 0
+    o = acc / tl.where(nonempty, l, 1.0)[:, None]  # empty split or length 0 -> zeros
+    gmask = (g < G)[:, None]
+    if SINGLE:
+        ptr = OUT + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        tl.store(ptr, o.to(OUT.dtype.element_ty), mask=gmask)
+    else:
+        base = b.to(tl.int64) * stride_mb + heads * stride_mh + s * stride_ms
+        tl.store(MID_O + base[:, None] * D + d[None, :], o, mask=gmask)
+        lse = tl.where(nonempty, m + tl.log2(tl.where(nonempty, l, 1.0)), float("-inf"))
+        tl.store(MID_LSE + base, lse, mask=g < G)
+
+
+@triton.jit
+def _merge_kernel(MID_O, MID_LSE, OUT, stride_mb, stride_mh, stride_ms, stride_ob, stride_oh,
+                  NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr):
+    """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M): exact softmax over all splits."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, S_PAD)
+    d = tl.arange(0, D)
+    base = b.to(tl.int64) * stride_mb + h * stride_mh + sp * stride_ms
+    lse = tl.load(MID_LSE + base, mask=sp < NUM_SPLITS, other=float("-inf"))
+    top = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(top > float("-inf"), top, 0.0))  # empty splits weigh 0
+    o = tl.load(MID_O + base[:, None] * D + d[None, :], mask=(w > 0)[:, None], other=0.0)
+    total = tl.sum(w, 0)
+    res = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(OUT + b.to(tl.int64) * stride_ob + h * stride_oh + d, res.to(OUT.dtype.element_ty))
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def choose_splits(batch_heads: int, max_len: int, num_sms: int) -> int:
+    """Enough splits for ~2 waves of programs over the SMs, none shorter than 256 tokens."""
+    want = -(-2 * num_sms // max(batch_heads, 1))
+    cap = max(1, -(-max_len // _MIN_SPLIT_TOKENS))
+    return max(1, min(want, cap, _MAX_SPLITS))
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           page_table: torch.Tensor, rows: torch.Tensor,
+                           cache_lens: torch.Tensor, page_size: int, scale: float, *,
+                           max_len: int | None = None, num_splits: int | None = None,
+                           block_n: int = 64) -> torch.Tensor:
+    """q [B, H_q, D]; k/v_cache [S, H_kv, D]; page_table [R, P]; rows [B]; cache_lens [B]
+    (valid entries, including the token just written). Returns [B, H_q, D] in q's dtype.
+
+    max_len: max(cache_lens) or any upper bound, known on the host (else read with a device
+    sync); entries past num_splits * split_len >= max_len are never visited, so it must not
+    be smaller. num_splits overrides the heuristic (tests force split-K)."""
+    B, h_q, D = q.shape
+    _, h_kv, Dk = k_cache.shape
+    if h_q % h_kv or Dk != D or v_cache.shape != k_cache.shape:
+        raise ValueError(f"bad shapes q {tuple(q.shape)} k {tuple(k_cache.shape)} "
+                         f"v {tuple(v_cache.shape)}")
+    if D & (D - 1) or D < 16:
+        raise ValueError(f"head_dim must be a power of two >= 16, got {D}")
+    if page_size < 1 or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"need page_size >= 1 and block_n a power of two >= 16, got "
+                         f"{page_size}, {block_n}")
+    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
+        raise ValueError("k_cache/v_cache must be contiguous in the head dim")
+    q = q if q.stride(2) == 1 else q.contiguous()
+    G = h_q // h_kv
+    out = torch.empty_like(q)
+    if B == 0:
+        return out
+    if max_len is None:
+        max_len = int(cache_lens.max())
+    if num_splits is None:
+        num_splits = choose_splits(B * h_kv, max_len, _num_sms(q.device))
+    # split s covers entries [s * split_len, (s + 1) * split_len), a whole number of blocks
+    split_len = -(-max(-(-max_len // num_splits), 1) // block_n) * block_n
+    single = num_splits == 1
+    if single:
+        mid_o = mid_lse = out  # unused
+    else:
+        mid_o = torch.empty(B, h_q, num_splits, D, dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty(B, h_q, num_splits, dtype=torch.float32, device=q.device)
+    _split_kernel[(B, h_kv, num_splits)](
+        q, k_cache, v_cache, page_table, rows, cache_lens, out, mid_o, mid_lse,
+        scale * _LOG2E, split_len,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
+        out.stride(0), out.stride(1),
+        h_q * num_splits, num_splits, 1,
+        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, PAGE=page_size, BLOCK_N=block_n,
+        SINGLE=single, IEEE=q.dtype == torch.float32 or not q.is_cuda,
+        num_warps=4, num_stages=2)
+    if not single:
+        _merge_kernel[(B, h_q)](mid_o, mid_lse, out, h_q * num_splits, num_splits, 1,
+                                out.stride(0), out.stride(1), NUM_SPLITS=num_splits,
+                                S_PAD=triton.next_power_of_2(num_splits), D=D, num_warps=4)
+    return out

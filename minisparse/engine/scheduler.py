@@ -1,0 +1,117 @@
+"""Continuous batching over a fixed page pool: admit waiting sequences whenever pages
+allow (prefill first, in chunks of at most max_prefill_tokens tokens per step), otherwise
+decode every running sequence. When a decode step needs a page and none is free, the
+newest running sequence is preempted: its pages are freed and it re-enters the queue to be
+recomputed from its tokens (prompt + generated so far) later. At most one sequence is
+partially prefilled at a time, and it stays at the head of the queue.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from minisparse.engine.block_manager import BlockManager
+from minisparse.engine.sequence import Sequence, Status
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_prefill_tokens: int) -> None:
+        self.blocks = blocks
+        self.max_prefill_tokens = max_prefill_tokens
+        self.free_slots = list(range(max_num_seqs - 1, -1, -1))
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.dirty: list[Sequence] = []  # sequences whose page list grew (page-table sync)
+        self.preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and not self.running
+
+    def _grow(self, seq: Sequence, tokens: int) -> None:
+        """Give seq enough pages for `tokens` cache entries (and a slot if it has none)."""
+        need = self.blocks.pages_for(tokens) - len(seq.pages)
+        if need > 0:
+            seq.pages += self.blocks.allocate(need)
+            self.dirty.append(seq)
+        if seq.slot < 0:
+            seq.slot = self.free_slots.pop()
+
+    def schedule_prefill(self) -> tuple[list[tuple[Sequence, int]], list[Sequence]]:
+        """Chunks (seq, n_tokens) to prefill this step, and sequences that cannot fit even
+        in an otherwise empty pool (to be aborted; already removed from the queue)."""
+        chunks, aborted, budget = [], [], self.max_prefill_tokens
+        ps = self.blocks.page_size
+        for seq in list(self.waiting):
+            if budget == 0 or (seq.slot < 0 and not self.free_slots):
+                break
+            n = min(len(seq) - seq.num_computed, budget)
+            # keep one free page per running sequence, so admitting does not force the
+            # next decode step to preempt
+            reserve = len(self.running) + len(chunks)
+            room = (len(seq.pages) + self.blocks.num_free - reserve) * ps - seq.cache_len
+            if n > room:
+                if chunks or self.running:
+                    break
+                n = room  # alone (reserve 0): prefill what fits, abort when nothing does
+                if n <= 0:
+                    self.waiting.remove(seq)
+                    self.free(seq)
+                    aborted.append(seq)
+                    continue
+            self._grow(seq, seq.cache_len + n)
+            chunks.append((seq, n))
+            budget -= n
+        return chunks, aborted
+
+    def finish_prefill(self, seq: Sequence) -> None:
+        """A sequence whose prompt (or recompute) is fully in the cache starts decoding."""
+        self.waiting.remove(seq)
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+
+    def schedule_decode(self) -> list[Sequence]:
+        """Running sequences that get a cache slot for their next token, oldest first;
+        preempts the newest ones when the pool is out of pages."""
+        scheduled, queue = [], deque(self.running)
+        while queue:
+            seq = queue.popleft()
+            need = self.blocks.pages_for(seq.cache_len + 1) - len(seq.pages)
+            while need > self.blocks.num_free and queue:
+                self.preempt(queue.pop())
+            if need > self.blocks.num_free:
+                self.preempt(seq)
+                continue
+            self._grow(seq, seq.cache_len + 1)
+            scheduled.append(seq)
+        self.running = list(scheduled)
+        return scheduled
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's cache; it goes back to the queue front (behind a partial prefill)."""
+        self.free(seq)
+        seq.reset_cache()
+        at = 1 if self.waiting and self.waiting[0].pages else 0
+        self.waiting.insert(at, seq)
+        self.preemptions += 1
+
+    def free(self, seq: Sequence) -> None:
+        """Return seq's pages and slot (finished, aborted or preempted)."""
+        self.blocks.release(seq.pages)
+        seq.pages = []
+        if seq.slot >= 0:
+            self.free_slots.append(seq.slot)
+            seq.slot = -1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason, seq.status = reason, Status.FINISHED
+        self.free(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def take_dirty(self) -> list[Sequence]:
+        """Sequences whose page-table rows need syncing (deduplicated, still holding pages)."""
+        dirty, self.dirty = self.dirty, []
+        return [s for s in {id(s): s for s in dirty}.values() if s.slot >= 0]

@@ -1,0 +1,87 @@
+"""One sample being generated (Sequence), what a finished one returns (SampleOutput) and
+the per-call statistics (GenerateStats)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+
+class Status(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+@dataclass
+class SampleOutput:
+    prompt_index: int
+    sample_index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # stop | length | abort
+    num_compressions: int = 0
+    evicted_tokens: int = 0
+    peak_cache_tokens: int = 0
+
+
+@dataclass
+class GenerateStats:
+    generated_tokens: int = 0
+    wall_s: float = 0.0
+    tokens_per_s: float = 0.0
+    peak_pages_used: int = 0
+    peak_kv_tokens: int = 0  # whole pool: peak of the summed per-sequence cache lengths
+    preemptions: int = 0
+    compressions: int = 0
+    evicted_tokens: int = 0
+    prefill_tokens: int = 0
+    steps: int = 0
+
+
+@dataclass
+class Sequence:
+    """State of one sample. `num_computed` counts tokens whose K/V were computed (it is
+    also the next RoPE position); `cache_len` counts the cache slots in use, which drops
+    below num_computed once compression evicts tokens. A sequence is decoding when only
+    its last sampled token is uncomputed."""
+    seq_id: int
+    prompt_index: int
+    sample_index: int
+    token_ids: list[int]
+    num_prompt: int
+    seed: int
+    status: Status = Status.WAITING
+    logprobs: list[float] = field(default_factory=list)
+    slot: int = -1  # row in the runner's per-sequence state tensors, -1 when none
+    pages: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    cache_len: int = 0
+    since_compress: int = 0  # tokens appended to the cache since the last compression
+    num_compressions: int = 0
+    evicted_tokens: int = 0
+    peak_cache: int = 0
+    finish_reason: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]
+
+    def reset_cache(self) -> None:
+        """Forget the KV cache (after preemption): everything is recomputed from tokens."""
+        self.pages, self.slot = [], -1
+        self.num_computed = self.cache_len = self.since_compress = 0
+        self.status = Status.WAITING
+
+    def to_output(self) -> SampleOutput:
+        return SampleOutput(self.prompt_index, self.sample_index, self.token_ids[: self.num_prompt],
+                            self.token_ids[self.num_prompt:], list(self.logprobs),
+                            self.finish_reason or "abort", self.num_compressions,
+                            self.evicted_tokens, self.peak_cache)

@@ -1,0 +1,150 @@
+"""Helpers for the engine tests: tiny seeded Qwen2 (qkv bias, tied embeddings) and Llama
+(llama3 rope scaling, untied) models built in-process, references computed with
+transformers itself, and the Tracker that checks compressed attention."""
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+import minisparse.engine.engine as engine_mod
+import minisparse.engine.models as models_mod
+from minisparse.config import CompressConfig
+from minisparse.engine import EngineArgs, LLMEngine
+
+SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+EOS = 3
+
+
+class Tok:
+    """The engine only reads eos_token_id (and decodes ids for the newline trigger)."""
+    eos_token_id = EOS
+
+
+def build(arch: str, dtype=torch.float32, device="cpu") -> torch.nn.Module:
+    torch.manual_seed(0)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **SHAPE))
+        for layer in model.model.layers:  # non-zero qkv biases so they matter
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                torch.nn.init.normal_(proj.bias, std=0.5)
+    else:
+        rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                    high_freq_factor=4.0, original_max_position_embeddings=64)
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, head_dim=16,
+                                             rope_parameters=rope, **SHAPE))
+    model.generation_config.eos_token_id = None
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def make_engine(model, compress: CompressConfig | None = None, **kw) -> LLMEngine:
+    kw.setdefault("kv_cpu_memory_gb", 0.02)
+    kw.setdefault("max_num_seqs", 16)
+    args = EngineArgs(compress=compress or CompressConfig(), device=model.device, **kw)
+    return LLMEngine(model, Tok(), args)
+
+
+def prompts(n: int, lo: int = 3, hi: int = 40, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    return [torch.randint(4, 128, (k,), generator=g).tolist() for k in lens]
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: list[int], max_new: int) -> list[int]:
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@torch.no_grad()
+def dense_logprobs(model, prompt: list[int], tokens: list[int], temperature: float = 1.0,
+                   full: bool = False) -> torch.Tensor:
+    """log_softmax(logits / T) of `tokens` (or the whole rows when full) in one forward."""
+    ids = torch.tensor([prompt + tokens], device=model.device)
+    logits = model(ids).logits[0, len(prompt) - 1:-1].float() / (temperature or 1.0)
+    lp = torch.log_softmax(logits, -1)
+    return lp if full else lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0]
+
+
+class Tracker:
+    """Mirrors each (sequence, layer) cache as per-KV-head lists of original positions,
+    from the K/V written at each step and the policy's selections at each compaction, and
+    checks every decode attention output against softmax(q K_kept^T) V_kept computed
+    naively from those positions (max_err, over `checked` (seq, layer, head) cases)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.kv, self.entries = engine, {}, {}
+        self.seqs, self.chunks, self.layer, self.checked, self.max_err = [], None, 0, 0, 0.0
+        self.selected: list[torch.Tensor] = []
+
+    def step(self, seqs, chunks=None) -> None:
+        self.seqs, self.chunks, self.layer = seqs, chunks, 0
+
+    def attention(self, real, q, k, v, k_cache, v_cache, ctx, scale):
+        out = real(q, k, v, k_cache, v_cache, ctx, scale)
+        layer, self.layer = self.layer, self.layer + 1
+        if self.chunks is not None:
+            i = 0
+            for seq, n in self.chunks:
+                if seq.num_computed == 0:
+                    self.entries[seq.seq_id, layer] = [[] for _ in range(k.shape[1])]
+                for t in range(n):
+                    self._add(seq, layer, seq.num_computed + t, k[i], v[i])
+                    i += 1
+            return out
+        G = q.shape[1] // k.shape[1]
+        for b, seq in enumerate(self.seqs):
+            self._add(seq, layer, seq.num_computed, k[b], v[b])
+            for h, pos in enumerate(self.entries[seq.seq_id, layer]):
+                keys = torch.stack([self.kv[seq.seq_id, layer, p][0][h] for p in pos]).float()
+                vals = torch.stack([self.kv[seq.seq_id, layer, p][1][h] for p in pos]).float()
+                qh = q[b, h * G:(h + 1) * G].float()
+                ref = torch.softmax(qh @ keys.T * scale, -1) @ vals
+                err = (ref - out[b, h * G:(h + 1) * G].float()).abs().max().item()
+                self.max_err = max(self.max_err, err)
+                self.checked += 1
+        return out
+
+    def _add(self, seq, layer, pos, k, v) -> None:
+        self.kv[seq.seq_id, layer, pos] = (k.clone(), v.clone())
+        for head in self.entries[seq.seq_id, layer]:
+            head.append(pos)
+
+    def compacted(self, rows) -> None:
+        by_slot = {s.slot: s for s in self.seqs or [c[0] for c in self.chunks]}
+        keep = torch.cat(self.selected)
+        self.selected.clear()
+        n_layers = self.engine.lm.num_layers
+        keep = keep.view(len(rows), n_layers, keep.shape[1], keep.shape[2])
+        for i, row in enumerate(rows):
+            seq = by_slot[row]
+            for layer in range(n_layers):
+                heads = self.entries[seq.seq_id, layer]
+                kept = keep[i, layer].tolist()
+                self.entries[seq.seq_id, layer] = [[head[j] for j in idx]
+                                                   for head, idx in zip(heads, kept)]
+
+
+def track(engine, monkeypatch) -> Tracker:
+    """Route the engine's attention, steps and compactions through a new Tracker."""
+    tr = Tracker(engine)
+    real_attn, real_compact = models_mod.paged_attention, engine_mod.compact
+    real_select = engine.policy.select_batch
+    monkeypatch.setattr(models_mod, "paged_attention",
+                        lambda *a: tr.attention(real_attn, *a))
+    runner = engine.runner
+    real_decode, real_prefill = runner.decode, runner.prefill
+    monkeypatch.setattr(runner, "decode",
+                        lambda seqs, sp: (tr.step(seqs), real_decode(seqs, sp))[1])
+    monkeypatch.setattr(runner, "prefill",
+                        lambda chunks, sp: (tr.step([], chunks), real_prefill(chunks, sp))[1])
+    monkeypatch.setattr(engine.policy, "select_batch",
+                        lambda *a, **k: tr.selected.append(real_select(*a, **k)) or tr.selected[-1])
+
+    def compact(pool, policy, rows, lens, next_pos):
+        real_compact(pool, policy, rows, lens, next_pos)
+        tr.compacted(rows)
+    monkeypatch.setattr(engine_mod, "compact", compact)
+    return tr

@@ -1,0 +1,115 @@
+"""Compressed generation: every decode step's attention equals a naive reference over the
+tokens the policy kept (engine_helpers.Tracker), caches stay within their bound, and pages
+come back to the pool."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_helpers import make_engine, prompts, track
+from minisparse.compression import compress_due, max_cache_tokens
+from minisparse.config import CompressConfig
+from minisparse.engine import SamplingParams
+
+CFG = CompressConfig(algorithm="rkv", budget=16, window=4, divide_length=8, kernel_size=3)
+
+
+@pytest.fixture
+def tracked(monkeypatch, qwen2):
+    engine = make_engine(qwen2, CFG, page_size=4)
+    return engine, track(engine, monkeypatch)
+
+
+def test_decode_attention_equals_reference_over_kept_tokens(tracked):
+    engine, tr = tracked
+    ps = prompts(4, lo=5, hi=30)
+    outs = engine.generate(ps, SamplingParams(temperature=0.9, max_new_tokens=40, seed=3,
+                                              ignore_eos=True))
+    stats = engine.last_stats
+    assert stats.compressions > 0 and tr.checked > 0
+    assert tr.max_err < 1e-5
+    heads = [e for e in tr.entries.values()]
+    assert any(h[0] != h[1] for h in heads), "per-head selection should differ across heads"
+    bound = max_cache_tokens(CFG)
+    for p, o in zip(ps, outs):
+        assert len(o.token_ids) == 40 and o.finish_reason == "length"
+        assert o.peak_cache_tokens <= max(bound, len(p))
+        assert (o.num_compressions, o.evicted_tokens) == simulate(len(p), 40)
+    assert stats.evicted_tokens == sum(o.evicted_tokens for o in outs)
+    assert engine.blocks.num_free == engine.pool.num_pages
+
+
+def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
+    engine = make_engine(qwen2, CFG, page_size=4)
+    blocks_seen = []
+    real = engine.runner.decode
+
+    def decode(seqs, sp):
+        blocks_seen.append(engine.blocks.num_used)
+        assert all(s.cache_len < max_cache_tokens(CFG) for s in seqs)
+        return real(seqs, sp)
+    engine.runner.decode = decode
+    n, steps = 3, 1000
+    outs = engine.generate(prompts(n, lo=5, hi=20), SamplingParams(max_new_tokens=steps,
+                                                                  ignore_eos=True, seed=0))
+    per_seq = engine.blocks.pages_for(max_cache_tokens(CFG))
+    assert max(blocks_seen) <= n * per_seq
+    assert engine.blocks.num_free == engine.pool.num_pages
+    for o in outs:
+        assert len(o.token_ids) == steps
+        assert (o.num_compressions, o.evicted_tokens) == simulate(len(o.prompt_token_ids), steps)
+
+
+def simulate(prompt_len: int, new_tokens: int) -> tuple[int, int]:
+    """(compressions, evicted tokens) the trigger implies: a check after prefill, then one
+    after each decode step but the last (which finishes the sequence)."""
+    cache, since, count, evicted = prompt_len, 0, 0, 0
+    for step in range(new_tokens - 1):
+        if step:
+            cache, since = cache + 1, since + 1
+        if bool(compress_due(torch.tensor([cache]), torch.tensor([since]),
+                             torch.tensor([False]), CFG)):
+            count, evicted, cache, since = count + 1, evicted + cache - CFG.budget, CFG.budget, 0
+    return count, evicted
+
+
+def test_long_prompt_compresses_right_after_prefill(qwen2):
+    engine = make_engine(qwen2, CFG, page_size=4)
+    p = prompts(1, lo=60, hi=60)[0]
+    out = engine.generate([p], SamplingParams(temperature=0, max_new_tokens=3))[0]
+    assert out.peak_cache_tokens == 60
+    assert out.num_compressions == 1 and out.evicted_tokens == 60 - CFG.budget
+
+
+def test_newline_trigger_fires_on_generated_newlines():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from engine_helpers import SHAPE
+    from minisparse.compression import newline_token_ids
+    from minisparse.engine import EngineArgs, LLMEngine
+    from minisparse.tiny import build_tokenizer
+
+    tok = build_tokenizer(vocab_size=512)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**(SHAPE | dict(vocab_size=len(tok))))).eval()
+    cfg = CompressConfig(algorithm="snapkv", budget=16, window=4, divide_method="newline",
+                         divide_length=4, kernel_size=3)  # hard cap: budget + 16
+    engine = LLMEngine(model, tok, EngineArgs(compress=cfg, page_size=4, kv_cpu_memory_gb=0.02,
+                                              max_num_seqs=8))
+    assert engine.newline_ids == set(newline_token_ids(tok))
+    newline = engine.newline_ids = set(range(0, len(tok), 8))  # frequent "newlines"
+    params = SamplingParams(temperature=1.5, max_new_tokens=80, seed=4, ignore_eos=True)
+    ps, by_newline = prompts(4, lo=5, hi=15), 0
+    for p, o in zip(ps, engine.generate(ps, params)):
+        cache, since, count = len(p), 0, 0
+        for i, tok_id in enumerate(o.token_ids[:-1]):
+            if i:
+                cache, since = cache + 1, since + 1
+            due = compress_due(torch.tensor([cache]), torch.tensor([since]),
+                               torch.tensor([tok_id in newline]), cfg)
+            if bool(due):
+                by_newline += cache < cfg.budget + 16
+                count, cache, since = count + 1, cfg.budget, 0
+        assert o.num_compressions == count
+        assert o.peak_cache_tokens <= max(len(p), max_cache_tokens(cfg))
+    assert by_newline > 0
