@@ -84,6 +84,7 @@ def naive_reference(c: Case) -> torch.Tensor:
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out = out.detach().cpu().double()
+    ref = ref.detach().cpu().double()
     return float((out - ref).norm() / ref.norm())
 
 
