@@ -6,7 +6,7 @@ import torch
 
 from engine_helpers import dense_logprobs, make_engine, prompts
 from minisparse.engine import SamplingParams
-from minisparse.engine.layers.sampler import sample
+from minisparse.engine.layers.sampler import sample, unit_interval
 
 
 def test_seeded_runs_reproduce_and_ignore_batch_composition(qwen2):
@@ -69,3 +69,26 @@ def test_sampler_distribution_matches_softmax():
         torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)
     again, _ = sample(logits, 1.0, -1, 1.0, seeds, steps + 1)
     assert (again != sample(logits, 1.0, -1, 1.0, seeds, steps)[0]).float().mean() > 0.3
+
+
+def test_noise_stays_strictly_inside_unit_interval():
+    """The extreme hashes must not map to 0 or 1: u == 1 gives +inf Gumbel noise, which
+    would win every argmax (and turn truncated -inf logits into NaN)."""
+    bits = torch.tensor([0, 1, (1 << 31), 0xFFFFFFFE, 0xFFFFFFFF], dtype=torch.int64)
+    u = unit_interval(bits)
+    assert u.dtype == torch.float32
+    assert bool((u > 0).all()) and bool((u < 1).all())
+    gumbel = -torch.log(-torch.log(u))
+    assert bool(torch.isfinite(gumbel).all())
+
+
+def test_top_k_one_never_picks_a_truncated_token_at_large_vocab():
+    """At a 150k vocabulary some column gets the largest hash within a few hundred steps;
+    top-k=1 must still return the argmax."""
+    torch.manual_seed(0)
+    logits = torch.randn(64, 151936)
+    seeds = torch.arange(64, dtype=torch.int64) * 7919
+    for step in range(8):
+        steps = torch.full((64,), step, dtype=torch.int64)
+        tokens, _ = sample(logits, 0.8, 1, 1.0, seeds, steps)
+        assert torch.equal(tokens, logits.argmax(-1))

@@ -48,7 +48,15 @@ def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch
     """Uniform (0, 1) float32 noise [B, vocab], a pure function of (seed, step, column)."""
     row = mix32(mix32(seeds * 0x9E3779B + steps) ^ (steps * 0x2545F49))  # [B]
     bits = mix32(row[:, None] ^ column_hashes(vocab, seeds.device)[None, :])
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return unit_interval(bits)
+
+
+def unit_interval(bits: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes -> float32 strictly inside (0, 1). Only 23 bits are used: with 24,
+    the top value (2**24 - 0.5) / 2**24 rounds to exactly 1.0 in float32, its Gumbel noise
+    is +inf, and that column wins the argmax (or, added to a -inf truncated logit, gives
+    NaN, which argmax also picks) about once per hundred steps at a 150k vocabulary."""
+    return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
