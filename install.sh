@@ -16,3 +16,8 @@ else
   $PY -m pip install -r requirements.txt
 fi
 DS_BUILD_OPS=0 $PY -m pip install --no-build-isolation -r requirements-deepspeed.txt
+# A CPU build of torch brings no Triton; install it so the Triton kernels' tests run on
+# the CPU through Triton's interpreter (a CUDA build of torch ships its own Triton).
+if $PY -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
+  $PY -m pip install triton==3.6.0
+fi
