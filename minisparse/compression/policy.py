@@ -12,7 +12,7 @@ import torch
 
 from minisparse.config import CompressConfig
 
-from .scoring import attention_importance, position_mask, redundancy
+from .scoring import attention_importance, position_mask, redundancy, uses_triton
 
 POOLINGS = ("max", "avg")
 GROUP_POOLINGS = ("max", "mean")
@@ -208,10 +208,15 @@ class RKV(SnapKV):
         return self.mix_lambda * importance - (1.0 - self.mix_lambda) * penalty
 
     def _scratch_bytes_per_row(self, keys: torch.Tensor, queries: torch.Tensor) -> int:
-        """Adds the similarity matrix: input dtype plus ~3 one-byte masks per entry."""
-        h_kv, lmax = keys.shape[1], keys.shape[2]
-        similarity = h_kv * lmax * lmax * (keys.element_size() + 3)
-        return super()._scratch_bytes_per_row(keys, queries) + similarity
+        """Adds R-KV's scratch: with the Triton kernels (CUDA) a few float32 / int64 values
+        per token; in the PyTorch path the L x L similarity matrix in the input dtype plus
+        its one-byte mask, and the reversed unit keys in the input dtype."""
+        h_kv, lmax, dim = keys.shape[1], keys.shape[2], keys.shape[3]
+        if uses_triton(keys):
+            extra = h_kv * lmax * (4 + 4 + 8 + 4 + 4)
+        else:
+            extra = h_kv * lmax * (lmax + dim) * (keys.element_size() + 1)
+        return super()._scratch_bytes_per_row(keys, queries) + extra
 
 
 def build_policy(cfg: CompressConfig) -> RKV | SnapKV | None:

@@ -49,10 +49,13 @@ def attention_importance(
     group = h_q // h_kv
     acc = accumulate_dtype(keys.dtype)
     # Query head h serves KV head h // group (the repeat_kv layout of HF GQA models).
-    q = queries.to(acc).reshape(rows, h_kv, group * window, dim)
-    logits = torch.matmul(q, keys.to(acc).transpose(-1, -2)) / math.sqrt(dim)
-    logits = logits.view(rows, h_kv, group, window, lmax)
+    q = queries.reshape(rows * h_kv, group * window, dim)
+    k = keys.reshape(rows * h_kv, lmax, dim).transpose(1, 2)
+    logits = _bmm_acc(q, k, acc).view(rows, h_kv, group, window, lmax)
     logits = logits.amax(dim=2) if group_pooling == "max" else logits.mean(dim=2)
+    # Scaled after pooling the group (8x fewer elements); for max pooling the result is
+    # bitwise the same, as division by a positive constant is monotone.
+    logits /= math.sqrt(dim)
     older = position_mask(lengths - window, lmax)[:, None, None, :]
     logits = logits.masked_fill(~older, float("-inf"))
     attn = torch.softmax(logits, dim=-1).mean(dim=2)  # [B, H_kv, Lmax], 0 past N_b
@@ -64,43 +67,99 @@ def attention_importance(
     return F.avg_pool1d(attn, kernel_size, stride=1, padding=pad)
 
 
+def _bmm_acc(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """a @ b (3-D) with a float32 (accumulate dtype) result. Half-precision CUDA inputs use
+    a half GEMM with float32 output (the same products and fp32 sums as upcasting first,
+    without the float32 copies); elsewhere the inputs are upcast."""
+    if a.dtype != acc and a.is_cuda:
+        try:
+            return torch.bmm(a, b, out_dtype=acc)
+        except (TypeError, RuntimeError, NotImplementedError):  # older PyTorch
+            pass
+    return torch.bmm(a.to(acc), b.to(acc))
+
+
 def redundancy(keys: torch.Tensor, lengths: torch.Tensor, sim_threshold: float) -> torch.Tensor:
     """R-KV's redundancy of each token among the row's L_b keys: [B, H_kv, Lmax].
 
     Cosine similarities S of the keys with the diagonal zeroed; in each row i the newest
     j with S[i, j] > sim_threshold (j = 0 when none) has S[i, j] zeroed, so the newest
-    near-duplicate of a token is not penalised for it; column means over the L_b rows,
-    then a softmax over the L_b columns. Positions >= L_b come out as 0.
+    near-duplicate of a token is not penalised; column means over the L_b rows, then a
+    softmax over the L_b columns. Positions >= L_b come out as 0.
+
+    The column sums are formed algebraically (see column_sums_torch): the threshold test
+    reads the similarities in the input dtype, the sums run in the accumulate dtype.
     """
     acc = accumulate_dtype(keys.dtype)
-    lmax = keys.shape[2]
-    valid = position_mask(lengths, lmax)  # [B, Lmax]
-    k = keys.to(acc)
-    unit = k / (k.norm(dim=-1, keepdim=True) + NORM_EPS)
-    # Zeroed padding keys give zero rows and columns: never above the threshold and
-    # nothing added to any column sum.
-    unit = unit.masked_fill(~valid[:, None, :, None], 0.0).to(keys.dtype)
-    sim = torch.matmul(unit, unit.transpose(-1, -2))  # [B, H, Lmax, Lmax], input dtype
-    sim.diagonal(dim1=-2, dim2=-1).zero_()
-    newest = _last_above(sim, sim_threshold)  # [B, H, Lmax]
-    column_sums = sim.sum(dim=-2, dtype=acc)
-    dropped = sim.gather(-1, newest.unsqueeze(-1)).squeeze(-1).to(acc)
-    column_sums.scatter_add_(-1, newest, -dropped)
-    del sim
-    means = column_sums / lengths.to(acc)[:, None, None]
+    valid = position_mask(lengths, keys.shape[2])  # [B, Lmax]
+    if uses_triton(keys):
+        from .triton_redundancy import column_sums
+
+        sums = column_sums(keys, lengths, sim_threshold, NORM_EPS)
+    else:
+        sums = column_sums_torch(keys, lengths, sim_threshold)
+    means = sums / lengths.to(acc)[:, None, None]
     means = means.masked_fill(~valid[:, None, :], float("-inf"))
     return torch.softmax(means, dim=-1)
 
 
-def _last_above(sim: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Index of the last entry > threshold along the last dim, 0 where there is none.
+def uses_triton(keys: torch.Tensor) -> bool:
+    """Whether redundancy() runs the Triton kernels (CUDA, half or float32, Triton there)."""
+    if not keys.is_cuda or keys.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    try:
+        from . import triton_redundancy  # noqa: F401
+    except (ImportError, RuntimeError):  # no (working) Triton: the PyTorch path
+        return False
+    return True
 
-    Works on a flipped one-byte mask (argmax returns the first maximum) so the peak
-    memory stays at about two bytes per similarity entry beyond sim itself; whether a
-    row has any entry above is read back at its argmax instead of in another full pass.
+
+def column_sums_torch(keys: torch.Tensor, lengths: torch.Tensor,
+                      sim_threshold: float) -> torch.Tensor:
+    """Column sums [B, H_kv, Lmax] (accumulate dtype) of the similarity matrix with the
+    diagonal and each row's last entry above the threshold zeroed; 0 past lengths[b].
+
+    With u the unit keys (0 for padding), sum_i S[i, j] over i != j is
+    u_j . (sum_i u_i) - u_j . u_j, a matrix-vector product; each row i then subtracts the
+    one entry it zeroes, S[i, last(i)], from column last(i). Only last(i) needs the L x L
+    matrix, which is built in the input dtype against the keys reversed in position, so
+    that "last entry above" becomes "first entry above": a one-byte argmax.
     """
-    flipped = (sim > threshold).flip(-1).view(torch.uint8)
-    first = flipped.argmax(dim=-1, keepdim=True)
-    found = flipped.gather(-1, first).squeeze(-1).bool()
-    last = (sim.shape[-1] - 1) - first.squeeze(-1)
-    return torch.where(found, last, torch.zeros_like(last))
+    acc = accumulate_dtype(keys.dtype)
+    valid = position_mask(lengths, keys.shape[2])  # [B, Lmax]
+    k = keys.to(acc).masked_fill(~valid[:, None, :, None], 0.0)
+    unit = k / (k.norm(dim=-1, keepdim=True) + NORM_EPS)
+    del k
+    total = unit.sum(dim=-2, keepdim=True)  # [B, H, 1, D]
+    sums = torch.matmul(unit, total.transpose(-1, -2)).squeeze(-1)
+    sums -= unit.square().sum(dim=-1)
+    last, dropped = last_above(unit.to(keys.dtype), lengths, sim_threshold)
+    sums.scatter_add_(-1, last, -dropped.to(acc))
+    return sums
+
+
+def last_above(unit: torch.Tensor, lengths: torch.Tensor,
+               threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """For S = unit unit^T (input dtype) with the diagonal zeroed: per row i the last
+    j < lengths[b] with S[i, j] > threshold (0 when none) and the value S[i, j].
+
+    unit [B, H, Lmax, D] must be 0 past lengths[b]. Returns (LongTensor, input-dtype
+    tensor), both [B, H, Lmax]; rows past lengths[b] give value 0.
+    The matrix is computed against the reversed positions (column c is position
+    Lmax - 1 - c), so the search is an argmax (the first maximum) of a one-byte mask.
+    """
+    lmax = unit.shape[-2]
+    sim = torch.matmul(unit, unit.flip(-2).transpose(-1, -2))  # [B, H, Lmax, Lmax]
+    # The diagonal of S is the anti-diagonal of the reversed matrix.
+    anti = sim.as_strided(sim.shape[:-1], sim.stride()[:-2] + (sim.stride(-2) - sim.stride(-1),),
+                          sim.storage_offset() + (lmax - 1) * sim.stride(-1))
+    anti.zero_()
+    above = sim > threshold
+    if threshold < 0:  # zero similarities with padding would count as above
+        pad = torch.arange(lmax, device=unit.device) < (lmax - lengths)[:, None]
+        above.masked_fill_(pad[:, None, None, :], False)
+    first = above.view(torch.uint8).argmax(dim=-1, keepdim=True)
+    found = above.gather(-1, first)
+    first = torch.where(found, first, lmax - 1)  # none above: position 0
+    value = sim.gather(-1, first).squeeze(-1)
+    return (lmax - 1) - first.squeeze(-1), value
