@@ -25,6 +25,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--max-new", type=int, default=512)
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--compress", default="none", choices=["none", "rkv", "snapkv"])
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--window", type=int, default=8)
@@ -47,7 +49,8 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
     return torch.randint(10, max(11, vocab - 512), (n, length), generator=g).tolist()
 
 
-def run(args: argparse.Namespace) -> dict:
+def build(args: argparse.Namespace):
+    """(engine, prompts, params, dtype) for the bench workload described by args."""
     from minisparse.models import load_policy
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
@@ -61,8 +64,13 @@ def run(args: argparse.Namespace) -> dict:
         max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs,
         compress=compress, device=args.device))
     prompts = random_prompts(args.batch, args.prompt_len, model.config.vocab_size, args.seed)
-    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new,
-                            seed=args.seed, ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_new_tokens=args.max_new, seed=args.seed, ignore_eos=True)
+    return engine, prompts, params, dtype
+
+
+def run(args: argparse.Namespace) -> dict:
+    engine, prompts, params, dtype = build(args)
     runs = []
     for r in range(args.repeats):
         if args.device.startswith("cuda"):

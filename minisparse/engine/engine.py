@@ -141,8 +141,8 @@ class LLMEngine:
             tokens, logprobs = self.runner.decode(done, params)
             for seq in done:
                 seq.num_computed += 1
-                seq.cache_len += 1
                 seq.since_compress += 1
+                seq.cache_len += 1
                 seq.peak_cache = max(seq.peak_cache, seq.cache_len)
         stats.steps += 1
         stats.peak_kv_tokens = max(stats.peak_kv_tokens, _cached_tokens(sched))
@@ -153,12 +153,15 @@ class LLMEngine:
     def _append(self, sched: Scheduler, seqs: list[Sequence], tokens: list[int],
                 logprobs: list[float], params: SamplingParams) -> int:
         finished = 0
+        stop = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
+        max_new, max_len = params.max_new_tokens, self.pool.max_model_len
         for seq, tok, lp in zip(seqs, tokens, logprobs):
-            seq.token_ids.append(tok)
+            ids = seq.token_ids
+            ids.append(tok)
             seq.logprobs.append(lp)
-            if (not params.ignore_eos and tok in self.eos_ids) or tok in params.stop_token_ids:
+            if tok in stop:
                 reason = "stop"
-            elif seq.num_generated >= params.max_new_tokens or len(seq) >= self.pool.max_model_len:
+            elif len(ids) - seq.num_prompt >= max_new or len(ids) >= max_len:
                 reason = "length"
             else:
                 continue
@@ -171,6 +174,9 @@ class LLMEngine:
         if self.policy is None or not seqs:
             return
         cfg = self.args.compress
+        seqs = [s for s in seqs if s.cache_len > cfg.budget]  # never due at or under budget
+        if not seqs:
+            return
         lens = torch.tensor([s.cache_len for s in seqs])
         since = torch.tensor([s.since_compress for s in seqs])
         newline = torch.tensor([s.last_token in self.newline_ids for s in seqs])

@@ -1,7 +1,9 @@
 """Runs one engine step on the model: builds the step's tensors (ids, positions, slots,
 masks) from the scheduled sequences, runs the forward and samples. Per-step host work is
-O(batch) list building; everything per token or per layer stays on the device, and the
-only device->host sync is reading the sampled tokens and their log-probs.
+O(batch) list building; a decode step's inputs (token, position, page-table row, cache
+entry, seed, step of each sequence) go to the device in one copy, everything per token or
+per layer stays on the device, and the only device->host sync is reading the sampled
+tokens and their log-probs.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class ModelRunner:
     def __init__(self, lm: CausalLM, pool: KVPool) -> None:
         self.lm, self.pool, self.device = lm, pool, pool.device
         self.graphs = None  # a cuda_graph.DecodeGraphs when the decode step is captured
+        self._pinned: torch.Tensor | None = None  # staging buffer of decode's step tensor
 
     def _tensor(self, values: list, dtype=torch.long) -> torch.Tensor:
         t = torch.tensor(values, dtype=dtype)
@@ -77,25 +80,41 @@ class ModelRunner:
             return [], [], []
         last = self._tensor([offsets[i] + lens[i] - 1 for i in done])
         seqs = [chunks[i][0] for i in done]
-        tokens, logprobs = self._sample(hidden[last], seqs, sp)
+        seeds = self._tensor([s.seed for s in seqs])
+        steps = self._tensor([s.num_generated for s in seqs])
+        tokens, logprobs = self._sample(hidden[last], seeds, steps, sp)
         return seqs, tokens, logprobs
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], sp: SamplingParams):
         """One token for each sequence (its last token goes in at cache index cache_len)."""
-        step = [[s.last_token, s.num_computed, s.slot, s.cache_len] for s in seqs]
-        ids, pos, rows, cidx = self._tensor(step).t().contiguous()  # one host->device copy
+        B = len(seqs)
+        flat = [x for s in seqs for x in (s.last_token, s.num_computed, s.slot, s.cache_len,
+                                          s.seed, len(s.token_ids) - s.num_prompt)]
+        step = self._upload(torch.tensor(flat, dtype=torch.long).view(B, 6).t())
+        ids, pos, rows, cidx, seeds, steps = step  # one host->device copy
         max_len = max(s.cache_len for s in seqs) + 1
-        if self.graphs is not None and self.graphs.fits(len(seqs), max_len):
+        if self.graphs is not None and self.graphs.fits(B, max_len):
             hidden = self.graphs.run(ids, pos, rows, cidx, max_len)
         else:
             hidden = decode_forward(self.lm, self.pool, ids, pos, rows, cidx, max_len)
-        return self._sample(hidden, seqs, sp)
+        return self._sample(hidden, seeds, steps, sp)
 
-    def _sample(self, hidden: torch.Tensor, seqs: list[Sequence], sp: SamplingParams):
+    def _upload(self, t: torch.Tensor) -> torch.Tensor:
+        """A small CPU tensor on the device, through a reused pinned buffer on CUDA (safe:
+        every step ends with a device->host sync, so the previous copy has completed)."""
+        if self.device.type != "cuda":
+            return t.contiguous()
+        n = t.numel()
+        if self._pinned is None or self._pinned.numel() < n:
+            self._pinned = torch.empty(max(n, 4096), dtype=torch.long, pin_memory=True)
+        buf = self._pinned[:n].view(t.shape)
+        buf.copy_(t)
+        return buf.to(self.device, non_blocking=True)
+
+    def _sample(self, hidden: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
+                sp: SamplingParams):
         logits = self.lm.logits(hidden)
-        seeds = self._tensor([s.seed for s in seqs])
-        steps = self._tensor([s.num_generated for s in seqs])
         tokens, logprobs = sample(logits, sp.temperature, sp.top_k, sp.top_p, seeds, steps)
         out = torch.stack([tokens.double(), logprobs.double()]).cpu()  # the step's one sync
         return [int(x) for x in out[0].tolist()], out[1].tolist()

@@ -75,7 +75,13 @@ class Scheduler:
     def schedule_decode(self) -> list[Sequence]:
         """Running sequences that get a cache slot for their next token, oldest first;
         preempts the newest ones when the pool is out of pages."""
-        scheduled, queue = [], deque(self.running)
+        ps, running = self.blocks.page_size, self.running
+        grow = [s for s in running if s.cache_len >= len(s.pages) * ps]  # needs a page
+        if sum(-(-(s.cache_len + 1) // ps) - len(s.pages) for s in grow) <= self.blocks.num_free:
+            for seq in grow:  # common case: no preemption; same allocation order as below
+                self._grow(seq, seq.cache_len + 1)
+            return list(running)
+        scheduled, queue = [], deque(running)
         while queue:
             seq = queue.popleft()
             need = self.blocks.pages_for(seq.cache_len + 1) - len(seq.pages)
@@ -108,8 +114,10 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason, seq.status = reason, Status.FINISHED
         self.free(seq)
-        if seq in self.running:
-            self.running.remove(seq)
+        for i, s in enumerate(self.running):  # by identity (dataclass == compares fields)
+            if s is seq:
+                del self.running[i]
+                break
 
     def take_dirty(self) -> list[Sequence]:
         """Sequences whose page-table rows need syncing (deduplicated, still holding pages)."""
