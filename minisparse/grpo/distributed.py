@@ -1,0 +1,71 @@
+"""torch.distributed helpers that work single-process, with gloo (CPU) and nccl (GPU).
+
+NCCL only reduces CUDA tensors and gloo only CPU ones; these helpers move the tensor to
+the backend's device and back, so callers never branch on the backend.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def init_distributed() -> torch.device:
+    """Start the process group (nccl with GPUs, gloo without) and pick this rank's device.
+
+    Works without torchrun too (single process): RANK/WORLD_SIZE default to 0/1, which
+    DeepSpeed still needs as an initialised group.
+    """
+    for key, value in (
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ):
+        os.environ.setdefault(key, value)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(minutes=60))
+    return device
+
+
+def _comm_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Reduced copy of tensor over all ranks (sum | max | min); identity single-process."""
+    if not is_distributed():
+        return tensor
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    work = tensor.detach().to(_comm_device()).clone()
+    dist.all_reduce(work, op=ops[op])
+    return work.to(tensor.device)
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()

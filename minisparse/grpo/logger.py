@@ -1,0 +1,131 @@
+"""Where metrics go: output_dir/metrics.jsonl (one row per rollout), TensorBoard event
+files, wandb when asked for and installed, and a one-line console summary. Only rank 0
+writes; metrics are reduced over ranks before they get here (see reduce_metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minisparse.grpo.distributed import all_reduce, world_size
+
+# Counts add up over ranks; every other metric is averaged over ranks.
+SUM_KEYS = ("advantage/zero_signal_groups", "rs/vetoed_seqs", "train/nonfinite_steps")
+MAX_KEYS = (
+    "rollout/response_len_max",
+    "compress/peak_cache_tokens_max",
+    "tis/raw_max",
+    "tis/final_max",
+)
+SUMMARY = (
+    ("reward", "rollout/reward_mean"),
+    ("acc", "rollout/accuracy"),
+    ("len", "rollout/response_len_mean"),
+    ("pg", "train/pg_loss"),
+    ("kl", "train/kl"),
+    ("gnorm", "train/grad_norm"),
+    ("keep", "rs/kept_token_frac"),
+    ("tok/s", "perf/rollout_tokens_per_s"),
+)
+
+
+def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Metrics over all ranks: sums for counts, max for maxima, mean otherwise.
+    Every rank must call it with the same keys (they run the same code path)."""
+    if world_size() == 1:
+        return dict(metrics)
+    keys = sorted(metrics)
+    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+    is_max = torch.tensor([k in MAX_KEYS for k in keys])
+    summed = all_reduce(torch.where(is_max, 0.0, values))
+    maxed = all_reduce(torch.where(is_max, values, -math.inf), op="max")
+    out = {}
+    for i, k in enumerate(keys):
+        if k in MAX_KEYS:
+            out[k] = maxed[i].item()
+        else:
+            out[k] = summed[i].item() / (1 if k in SUM_KEYS else world_size())
+    return {k: out[k] for k in metrics}  # the callers' (phase) order
+
+
+class MetricsLogger:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        config: dict[str, Any],
+        run_name: str | None,
+        tensorboard: bool,
+        wandb: bool,
+        wandb_project: str,
+        enabled: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.tb = self.wandb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+        if wandb:
+            try:
+                import wandb as wb
+            except ImportError:
+                print("log.wandb is on but wandb is not installed; logging without it")
+            else:
+                self.wandb = wb.init(
+                    project=wandb_project,
+                    name=run_name,
+                    config=config,
+                    dir=str(output_dir),
+                    resume="allow",
+                )
+
+    def drop_after(self, rollout: int) -> None:
+        """On resume: forget rows of rollouts after the checkpoint (they are redone)."""
+        if not self.enabled or not self.path.is_file():
+            return
+        rows = [
+            line
+            for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line)["rollout"] <= rollout
+        ]
+        self.path.write_text("".join(row + "\n" for row in rows))
+
+    def log(self, rollout: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        row = {"rollout": rollout, **metrics}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for key, value in metrics.items():
+                self.tb.add_scalar(key, value, rollout)
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=rollout)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def summary_line(rollout: int, metrics: dict[str, float]) -> str:
+    """'rollout 3 | reward 0.41 | acc 0.38 | ...' from whichever keys are present."""
+    parts = [f"rollout {rollout}"]
+    for label, key in SUMMARY:
+        if key in metrics:
+            parts.append(f"{label} {metrics[key]:.4g}")
+    phases = [k for k in metrics if k.startswith("time/")]
+    if phases:
+        parts.append("time " + " ".join(f"{k[5:-2]}={metrics[k]:.1f}s" for k in phases))
+    return " | ".join(parts)

@@ -1,0 +1,127 @@
+"""Dense log-probs of response tokens, for packed prompt+response sequences.
+
+One forward over a single row holding several sequences back to back, with
+position_ids restarting at 0 for each: transformers turns that into a block-diagonal
+causal mask (sdpa/eager) or varlen attention (flash), so no padding is computed and the
+result equals per-sequence forwards (tests/grpo/test_logprobs.py checks it). Only the
+response positions go through the LM head, in float32 for the log-softmax.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minisparse.grpo.batching import pack_by_tokens
+
+
+def pack_sequences(
+    seqs: list[list[int]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids [1, L], position_ids [1, L]) for sequences concatenated in order."""
+    ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=device)
+    pos = torch.cat([torch.arange(len(s), device=device) for s in seqs])
+    return ids[None], pos[None]
+
+
+def _response_positions(
+    prompt_lens: list[int], response_lens: list[int]
+) -> tuple[list[int], list[int]]:
+    """(positions whose logits predict response tokens, positions of those tokens)."""
+    pred, target, start = [], [], 0
+    for p, r in zip(prompt_lens, response_lens):
+        target.extend(range(start + p, start + p + r))
+        pred.extend(range(start + p - 1, start + p + r - 1))
+        start += p + r
+    return pred, target
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(logits)[target] and the distribution's entropy, in float32."""
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        entropy = lse - (probs * logits).sum(-1)
+    return logp, entropy
+
+
+@torch.no_grad()
+def entropy_metric(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Entropy per row without gradients, a chunk of rows at a time: a float32 softmax
+    over a 150k vocabulary for every token of a micro-batch would cost gigabytes."""
+    parts = []
+    for rows in torch.split(logits.detach(), chunk):
+        rows = rows.float()
+        lse = torch.logsumexp(rows, dim=-1)
+        parts.append(lse - (torch.softmax(rows, dim=-1) * rows).sum(-1))
+    return torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
+
+
+def pad_rows(flat: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
+    """Split a flat per-token tensor by lengths into a zero-padded [len(lengths), width]."""
+    out = flat.new_zeros(len(lengths), width)
+    for i, row in enumerate(torch.split(flat, lengths)):
+        out[i, : row.numel()] = row
+    return out
+
+
+def response_logprobs(
+    model: nn.Module,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    width: int,
+    entropy: str = "none",
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-probs [n, width], entropy [n, width] or None) of each response token under
+    model given its prompt; rows zero-padded past the response length.
+
+    entropy: "none" | "detached" (a metric only) | "grad" (entropy bonus in the loss).
+    The model is an HF causal LM (or a DeepSpeed engine's .module); gradients flow when
+    autograd is on. Logits are divided by the sampling temperature, as the engine does,
+    so dense and sampler log-probs describe the same distribution.
+    """
+    device = next(model.parameters()).device
+    input_ids, position_ids = pack_sequences([p + r for p, r in zip(prompts, responses)], device)
+    hidden = model.model(
+        input_ids=input_ids, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+    pred, target = _response_positions([len(p) for p in prompts], [len(r) for r in responses])
+    logits = model.lm_head(hidden[0, pred])
+    if temperature not in (0.0, 1.0):  # the engine's greedy log-probs are taken at T=1
+        logits = logits / temperature
+    logp, ent = token_logprobs(logits, input_ids[0, target], entropy == "grad")
+    if entropy == "detached":
+        ent = entropy_metric(logits)
+    lengths = [len(r) for r in responses]
+    return pad_rows(logp, lengths, width), None if ent is None else pad_rows(ent, lengths, width)
+
+
+@torch.no_grad()
+def batch_logprobs(
+    model: nn.Module,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    width: int,
+    max_tokens: int,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """[N, width] log-probs (CPU, float32) for a whole batch, in packed micro-batches of
+    at most max_tokens tokens; no gradients (old and reference log-probs)."""
+    out = torch.zeros(len(responses), width)
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    for group in pack_by_tokens(lengths, max_tokens):
+        logp, _ = response_logprobs(
+            model,
+            [prompts[i] for i in group],
+            [responses[i] for i in group],
+            width,
+            temperature=temperature,
+        )
+        out[group] = logp.float().cpu()
+    return out

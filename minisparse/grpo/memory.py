@@ -1,0 +1,92 @@
+"""Phase bookkeeping: wall time and peak GPU memory of each phase, and the swap of GPU
+memory between the rollout engine (KV pool) and the trainer (optimizer states).
+
+Rollout and training share one GPU: `rollout_memory` frees what training holds but the
+engine does not need (optimizer states, fp32 master weights, gradient buffers) and gives
+the engine its KV pool back; `train_memory` does the reverse. The reference model lives
+on the CPU and visits the GPU for its one forward pass per rollout (`visiting`).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from minisparse.grpo.optim import TrainingStateOffload
+
+GIB = 1024**3
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def phase(name: str, metrics: dict[str, float], device: torch.device) -> Iterator[None]:
+    """Record time/{name}_s and, on GPU, mem/{name}_peak_gb (max allocated in the phase),
+    mem/{name}_reserved_gb and mem/{name}_end_gb (allocated when it ends: after a swap,
+    what the next phase starts with) into metrics; on CPU the process's peak RSS so far."""
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    yield
+    _sync(device)
+    metrics[f"time/{name}_s"] = time.perf_counter() - start
+    if device.type == "cuda":
+        metrics[f"mem/{name}_peak_gb"] = torch.cuda.max_memory_allocated(device) / GIB
+        metrics[f"mem/{name}_reserved_gb"] = torch.cuda.max_memory_reserved(device) / GIB
+        metrics[f"mem/{name}_end_gb"] = torch.cuda.memory_allocated(device) / GIB
+    else:  # process-wide high-water mark (Linux reports KiB); not per phase
+        metrics["mem/cpu_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+
+def free_training_memory(offload: TrainingStateOffload, device: torch.device) -> None:
+    """Optimizer states, master weights and gradient buffers off the GPU (no-op on CPU)."""
+    offload.offload()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def rollout_memory(offload: TrainingStateOffload, rollout_engine, device: torch.device) -> None:
+    """Training -> rollout: training memory freed, then the KV pool allocated."""
+    free_training_memory(offload, device)
+    rollout_engine.wake()
+
+
+def train_memory(offload: TrainingStateOffload, rollout_engine, device: torch.device) -> None:
+    """Rollout -> training: KV pool released, optimizer states back."""
+    rollout_engine.sleep()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    offload.reload()
+
+
+@contextmanager
+def visiting(module: torch.nn.Module, device: torch.device) -> Iterator[torch.nn.Module]:
+    """The module on `device` for the block, on the CPU otherwise (GPU runs only): the
+    reference model is needed for one forward pass per rollout, not during the update."""
+    if device.type != "cuda":
+        yield module
+        return
+    module.to(device)
+    try:
+        yield module
+    finally:
+        module.to("cpu")
+        torch.cuda.empty_cache()
+
+
+def rollout_weights(train_engine):
+    """Context in which the engine may read full weights: under ZeRO 3 the parameters
+    are gathered for the duration (and the engine re-bound inside it); a no-op below."""
+    if train_engine.zero_optimization_stage() != 3:
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(train_engine.module.parameters()))

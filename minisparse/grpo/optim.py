@@ -1,0 +1,121 @@
+"""The DeepSpeed ZeRO engine that owns the policy during updates, and its memory phases.
+
+We hand deepspeed.initialize a torch AdamW (fused on GPU) so nothing is JIT-compiled
+(DeepSpeed's FusedAdam needs a CUDA build), and a LambdaLR schedule so DeepSpeed saves
+and restores it with the optimizer. Micro-batches per step vary with packing, so
+gradient accumulation is unmanaged: backward() per micro-batch (the loss is already
+divided by the step's denominator), then one step() per optimizer step.
+
+Memory phases: during rollout the optimizer states, fp32 master weights and gradient
+buffers go to CPU (offload_states, available for ZeRO 1/2 and 3 in deepspeed 0.19.8);
+the bf16 weights stay on the GPU, since the engine samples with them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from minisparse.config import Config
+
+
+def lr_factor(step: int, cfg: Config, total_steps: int) -> float:
+    """Multiplier of optim.lr at optimizer step `step` (0-based): linear warmup from 0,
+    then constant, or cosine / linear decay to min_lr at total_steps."""
+    o = cfg.optim
+    if o.warmup_steps and step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    if o.lr_schedule == "constant" or o.lr == 0:
+        return 1.0
+    progress = min(1.0, (step - o.warmup_steps) / max(1, total_steps - o.warmup_steps))
+    floor = o.min_lr / o.lr
+    if o.lr_schedule == "cosine":
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return floor + (1 - floor) * (1 - progress)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only; biases and norm scales are not decayed."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def deepspeed_config(cfg: Config, on_gpu: bool) -> dict[str, Any]:
+    zero: dict[str, Any] = {
+        "stage": cfg.zero_stage,
+        "contiguous_gradients": True,
+        "overlap_comm": on_gpu,
+    }
+    if cfg.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": cfg.optim.grad_clip,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": cfg.model.dtype == "bfloat16"},
+        "fp16": {"enabled": cfg.model.dtype == "float16", "initial_scale_power": 16},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def build_train_engine(model: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device):
+    """DeepSpeed engine around model with AdamW + LR schedule from cfg.optim."""
+    import deepspeed
+
+    o = cfg.optim
+    on_gpu = device.type == "cuda"
+    optimizer = torch.optim.AdamW(
+        param_groups(model, o.weight_decay),
+        lr=o.lr,
+        betas=(o.adam_beta1, o.adam_beta2),
+        eps=o.adam_eps,
+        fused=on_gpu,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, cfg, total_steps)
+    )
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=deepspeed_config(cfg, on_gpu),
+        dist_init_required=False,
+    )
+    return engine
+
+
+class TrainingStateOffload:
+    """Moves what only the update needs off the GPU for the rollout, and back.
+
+    deepspeed 0.19.8's offload_states / reload_states (ZeRO 1/2 and 3) move the AdamW
+    moments, fp32 master weights and gradient buffers to pinned CPU memory. The bf16
+    weights stay: the engine samples with them. A no-op on CPU and for ZeRO 0.
+    """
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        device = next(engine.module.parameters()).device
+        self.active = engine.zero_optimization_stage() > 0 and device.type == "cuda"
+
+    def offload(self) -> None:
+        if self.active:
+            from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
+
+            include = [S.optim_states, S.hp_params, S.lp_grads, S.contiguous_grad_buffer]
+            self.engine.offload_states(include=include, pin_memory=True)
+
+    def reload(self) -> None:
+        if self.active:
+            self.engine.reload_states()

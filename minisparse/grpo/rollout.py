@@ -1,0 +1,112 @@
+"""One rollout batch: engine samples turned into the padded tensors the update reads.
+
+Per-token tensors are [N, T] (N samples of this rank, prompt-major in groups of
+n_samples_per_prompt; T the longest response), zero past each response's end, with
+response_mask marking real tokens. Later phases fill in old/ref log-probs, advantages,
+and the correction weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisparse.config import Config
+
+
+@dataclass
+class RolloutBatch:
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    labels: list[str]
+    finish_reasons: list[str]
+    rollout_logp: torch.Tensor  # [N, T] sampler log-probs (compressed KV cache)
+    response_mask: torch.Tensor  # [N, T] bool
+    num_compressions: list[int]
+    evicted_tokens: list[int]
+    peak_cache_tokens: list[int]
+    rewards: torch.Tensor | None = None  # [N]
+    advantages: torch.Tensor | None = None  # [N]
+    old_logp: torch.Tensor | None = None  # [N, T] dense policy before the update
+    ref_logp: torch.Tensor | None = None  # [N, T] frozen reference policy
+    weights: torch.Tensor | None = None  # [N, T] Sparse-RL importance weights
+    keep: torch.Tensor | None = None  # [N, T] bool, tokens that stay in the loss
+
+    def __len__(self) -> int:
+        return len(self.responses)
+
+    @property
+    def width(self) -> int:
+        return self.response_mask.shape[1]
+
+
+def sampling_params(cfg: Config, seed: int):
+    from minisparse.engine import SamplingParams
+
+    return SamplingParams(
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        max_new_tokens=cfg.max_response_len,
+        n=cfg.n_samples_per_prompt,
+        seed=seed,
+    )
+
+
+def build_batch(outputs: list, labels: list[str]) -> RolloutBatch:
+    """RolloutBatch from engine SampleOutputs (prompt-major) and each prompt's label."""
+    width = max([len(o.token_ids) for o in outputs] + [1])
+    logp = torch.zeros(len(outputs), width)
+    mask = torch.zeros(len(outputs), width, dtype=torch.bool)
+    for i, o in enumerate(outputs):
+        n = len(o.token_ids)
+        logp[i, :n] = torch.tensor(o.logprobs[:n], dtype=torch.float32)
+        mask[i, :n] = True
+    return RolloutBatch(
+        prompts=[list(o.prompt_token_ids) for o in outputs],
+        responses=[list(o.token_ids) for o in outputs],
+        labels=[labels[o.prompt_index] for o in outputs],
+        finish_reasons=[o.finish_reason for o in outputs],
+        rollout_logp=logp,
+        response_mask=mask,
+        num_compressions=[o.num_compressions for o in outputs],
+        evicted_tokens=[o.evicted_tokens for o in outputs],
+        peak_cache_tokens=[o.peak_cache_tokens for o in outputs],
+    )
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dict[str, float]:
+    """Reward, length, truncation and compression statistics of one rollout batch."""
+    lengths = [len(r) for r in batch.responses]
+    metrics = {
+        "rollout/reward_mean": batch.rewards.mean().item(),
+        "rollout/accuracy": (batch.rewards > 0.5).float().mean().item(),
+        "rollout/response_len_mean": _mean(lengths),
+        "rollout/response_len_max": float(max(lengths, default=0)),
+        "rollout/truncated_frac": _mean([float(f == "length") for f in batch.finish_reasons]),
+        "rollout/aborted_frac": _mean([float(f == "abort") for f in batch.finish_reasons]),
+        "compress/compressions_per_sample": _mean(batch.num_compressions),
+        "compress/evicted_tokens_per_sample": _mean(batch.evicted_tokens),
+        "compress/peak_cache_tokens_mean": _mean(batch.peak_cache_tokens),
+        "compress/peak_cache_tokens_max": float(max(batch.peak_cache_tokens, default=0)),
+    }
+    for key, value in (grade_stats or {}).items():
+        if isinstance(value, (int, float)):
+            metrics[f"reward/{key}"] = float(value)
+    return metrics
+
+
+def score_batch(batch: RolloutBatch, tokenizer) -> dict:
+    """Decode responses and grade them with minisparse.reward; fills batch.rewards and
+    returns the grader's stats (accuracy, timeouts, no_answer, grade_s)."""
+    from minisparse.reward import grade_batch
+
+    texts = tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
+    grades, stats = grade_batch(texts, batch.labels)
+    batch.rewards = torch.tensor([g.score for g in grades], dtype=torch.float32)
+    return dict(stats)

@@ -1,0 +1,110 @@
+"""The update phase: num_steps_per_rollout optimizer steps over one rollout batch.
+
+Each step takes its share of samples, packs them into token-budget micro-batches, runs
+forward + loss + backward per micro-batch, then one DeepSpeed step. The loss divisor
+is the step's global count (kept tokens or samples, summed over ranks) divided by the
+world size, because DeepSpeed averages gradients over ranks: the result is exactly the
+mean over all ranks' samples.
+
+A non-finite loss poisons the step's gradients with NaN, so DeepSpeed's overflow check
+(all-reduced over ranks) skips the step on every rank at once; such steps are counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+from minisparse.config import Config
+from minisparse.grpo.batching import equalize_across_ranks, pack_by_tokens, split_steps
+from minisparse.grpo.distributed import all_reduce, world_size
+from minisparse.grpo.logprobs import response_logprobs
+from minisparse.grpo.loss import grpo_loss, step_denominator
+from minisparse.grpo.rollout import RolloutBatch
+
+
+def _rows(t: torch.Tensor | None, rows: list[int], device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t[rows].to(device)
+
+
+def _constant_backward(train_engine, scale: float) -> None:
+    """A backward through one token whose gradients are `scale` times finite values:
+    0 pads this rank to the others' micro-batch count, NaN poisons the step."""
+    model = train_engine.module
+    device = next(model.parameters()).device
+    hidden = model.model(
+        input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False
+    ).last_hidden_state
+    train_engine.backward(model.lm_head(hidden).sum() * scale, scale_wrt_gas=False)
+
+
+def micro_batch_loss(model, batch: RolloutBatch, rows: list[int], cfg: Config, denominator: float):
+    """(loss, metrics) of the samples `rows` of batch under the current policy."""
+    device = next(model.parameters()).device
+    entropy = "grad" if cfg.loss.entropy_coef > 0 else "detached"
+    logp, ent = response_logprobs(
+        model,
+        [batch.prompts[i] for i in rows],
+        [batch.responses[i] for i in rows],
+        batch.width,
+        entropy=entropy,
+        temperature=cfg.temperature,
+    )
+    return grpo_loss(
+        logp,
+        _rows(batch.old_logp, rows, device),
+        _rows(batch.advantages, rows, device),
+        _rows(batch.weights, rows, device),
+        _rows(batch.keep, rows, device),
+        cfg.loss,
+        denominator,
+        _rows(batch.ref_logp, rows, device),
+        ent,
+    )
+
+
+def optimizer_step(
+    train_engine, batch: RolloutBatch, samples: list[int], cfg: Config
+) -> dict[str, float]:
+    """Forward/backward over samples in packed micro-batches, then one optimizer step."""
+    local = step_denominator(batch.keep[samples], cfg.loss.aggregation)
+    denominator = all_reduce(torch.tensor([local], dtype=torch.float64)).item() / world_size()
+    lengths = [len(batch.prompts[i]) + len(batch.responses[i]) for i in samples]
+    groups = equalize_across_ranks(pack_by_tokens(lengths, cfg.max_tokens_per_gpu))
+    sums: dict[str, float] = defaultdict(float)
+    finite = True
+    for group in groups:
+        if not group:
+            _constant_backward(train_engine, 0.0)
+            continue
+        rows = [samples[i] for i in group]
+        loss, metrics = micro_batch_loss(train_engine.module, batch, rows, cfg, denominator)
+        if torch.isfinite(loss):
+            train_engine.backward(loss, scale_wrt_gas=False)
+        else:
+            finite = False
+            _constant_backward(train_engine, float("nan"))
+        for key, value in metrics.items():
+            sums[key] += value.item()
+    train_engine.step()
+    grad_norm = train_engine.get_global_grad_norm()
+    grad_norm = float("nan") if grad_norm is None else float(grad_norm)
+    applied = train_engine.was_step_applied() and finite and math.isfinite(grad_norm)
+    return {
+        **sums,
+        "train/grad_norm": grad_norm,
+        "train/lr": train_engine.get_lr()[0],
+        "train/micro_batches": float(len(groups)),
+        "train/step_skipped": float(not applied),
+    }
+
+
+def train_on_rollout(train_engine, batch: RolloutBatch, cfg: Config) -> list[dict[str, float]]:
+    """Metrics of each of the num_steps_per_rollout optimizer steps."""
+    train_engine.module.train()
+    return [
+        optimizer_step(train_engine, batch, samples, cfg)
+        for samples in split_steps(len(batch), cfg.num_steps_per_rollout)
+    ]

@@ -1,0 +1,143 @@
+import math
+
+import pytest
+import torch
+
+from minisparse.config import LossConfig
+from minisparse.grpo.corrections import (
+    bound_weights,
+    compute_corrections,
+    level_log_ratio,
+    log_ratio,
+    rejection,
+)
+
+L2 = math.log(2.0)
+
+
+def close(actual: torch.Tensor, expected) -> None:
+    torch.testing.assert_close(
+        actual, torch.tensor(expected, dtype=actual.dtype), rtol=1e-5, atol=1e-6
+    )
+
+
+def _cfg(**kw) -> LossConfig:
+    base = {"use_tis": True, "use_rs": False, "normalize_weights": False}
+    base.update(kw)
+    return LossConfig(**base)
+
+
+def test_log_ratio_clamped_and_masked():
+    old = torch.tensor([[0.0, -30.0, 0.0]])
+    roll = torch.tensor([[-1.0, 0.0, 5.0]])
+    mask = torch.tensor([[True, True, False]])
+    assert log_ratio(old, roll, mask).tolist() == [[1.0, -20.0, 0.0]]
+
+
+def test_levels():
+    delta = torch.tensor([[L2, 0.0, -L2 * 3], [L2, L2, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    tok = level_log_ratio(delta, mask, "token").exp()
+    seq = level_log_ratio(delta, mask, "sequence").exp()
+    geo = level_log_ratio(delta, mask, "geometric").exp()
+    close(tok[0], [2.0, 1.0, 0.125])
+    assert seq[0].tolist() == pytest.approx([0.25] * 3)  # 2 * 1 * 1/8
+    assert seq[1].tolist() == pytest.approx([4.0, 4.0, 1.0])  # padding -> exp(0), masked later
+    close(geo[0], [0.25 ** (1 / 3)] * 3)
+    assert geo[1, :2].tolist() == pytest.approx([2.0, 2.0])  # mean over 2 valid tokens
+
+
+def test_bound_modes():
+    raw = torch.tensor([0.2, 0.5, 1.0, 1.5, 3.0])
+    assert bound_weights(raw, "truncate", 0.5, 1.5).tolist() == pytest.approx(
+        [0.2, 0.5, 1.0, 1.5, 1.5]
+    )
+    assert bound_weights(raw, "clip", 0.5, 1.5).tolist() == pytest.approx([0.5, 0.5, 1.0, 1.5, 1.5])
+    assert bound_weights(raw, "mask", 0.5, 1.5).tolist() == pytest.approx([0.0, 0.5, 1.0, 1.5, 0.0])
+
+
+def test_token_truncate_weights_and_metrics():
+    # token ratios 2, 1, 0.5 | 1.25 (pad)
+    old = torch.tensor([[L2, 0.0, -L2], [math.log(1.25), 0.0, 0.0]])
+    roll = torch.zeros(2, 3)
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    c = compute_corrections(old, roll, mask, _cfg(tis_mode="truncate"))
+    close(c.weights, [[1.5, 1.0, 0.5], [1.25, 0.0, 0.0]])
+    assert c.keep.tolist() == mask.tolist()
+    assert c.metrics["tis/truncated_frac"] == pytest.approx(0.25)
+    assert c.metrics["tis/raw_mean"] == pytest.approx((2 + 1 + 0.5 + 1.25) / 4)
+    assert c.metrics["tis/raw_max"] == pytest.approx(2.0)
+    assert c.metrics["tis/bounded_mean"] == pytest.approx((1.5 + 1 + 0.5 + 1.25) / 4)
+
+
+def test_sequence_clip_weights():
+    # sequence ratios: 2*2 = 4 -> clipped to 1.5; 0.5*0.5 = .25 -> clipped up to 0.5
+    old = torch.tensor([[L2, L2], [-L2, -L2]])
+    c = compute_corrections(
+        old,
+        torch.zeros(2, 2),
+        torch.ones(2, 2, dtype=torch.bool),
+        _cfg(tis_level="sequence", tis_mode="clip"),
+    )
+    close(c.weights, [[1.5, 1.5], [0.5, 0.5]])
+
+
+def test_geometric_mask_weights():
+    # geometric means: sqrt(2*4)=2.83 -> masked to 0; sqrt(2*0.5)=1 -> kept
+    old = torch.tensor([[L2, 2 * L2], [L2, -L2]])
+    c = compute_corrections(
+        old,
+        torch.zeros(2, 2),
+        torch.ones(2, 2, dtype=torch.bool),
+        _cfg(tis_level="geometric", tis_mode="mask"),
+    )
+    close(c.weights, [[0.0, 0.0], [1.0, 1.0]])
+
+
+def test_rejection_and_veto_counts():
+    # seq 0: ratios 2 (rejected, > 1.5), 1 -> one token out
+    # seq 1: ratios 1, 1e-5 (< veto 1e-4) -> whole sequence vetoed
+    # seq 2: ratios 1, 1 -> kept
+    old = torch.tensor([[L2, 0.0], [0.0, math.log(1e-5)], [0.0, 0.0]])
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    keep, rejected, vetoed = rejection(
+        log_ratio(old, torch.zeros(3, 2), mask), mask, "token", 0.5, 1.5, 1e-4
+    )
+    assert keep.tolist() == [[False, True], [False, False], [True, True]]
+    assert rejected.tolist() == [[True, False], [False, True], [False, False]]
+    assert vetoed.tolist() == [False, True, False]
+    c = compute_corrections(old, torch.zeros(3, 2), mask, _cfg(use_rs=True))
+    # Exactly one sequence is vetoed (the reference code counted the survivors instead).
+    assert c.metrics["rs/vetoed_seqs"] == 1.0
+    assert c.metrics["rs/vetoed_frac"] == pytest.approx(1 / 3)
+    assert c.metrics["rs/rejected_token_frac"] == pytest.approx(2 / 6)  # 2.0 and 1e-5
+    assert c.metrics["rs/kept_token_frac"] == pytest.approx(3 / 6)
+    close(c.weights, [[0.0, 1.0], [0.0, 0.0], [1.0, 1.0]])
+
+
+def test_veto_off_with_zero_threshold():
+    old = torch.tensor([[0.0, math.log(1e-5)]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    c = compute_corrections(old, torch.zeros(1, 2), mask, _cfg(use_rs=True, rs_veto_threshold=0.0))
+    assert c.metrics["rs/vetoed_seqs"] == 0.0
+    assert c.keep.tolist() == [[True, False]]  # still rejected by the lower bound
+
+
+def test_batch_normalisation_over_kept_tokens():
+    # ratios 1.25, 1.25 | 1.0, 0.7, all kept: each weight is divided by their mean 1.05
+    old = torch.tensor([[math.log(1.25), math.log(1.25)], [0.0, math.log(0.7)]])
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    c = compute_corrections(old, torch.zeros(2, 2), mask, _cfg(use_rs=True, normalize_weights=True))
+    mean = (1.25 + 1.25 + 1.0 + 0.7) / 4
+    close(c.weights, [[1.25 / mean, 1.25 / mean], [1 / mean, 0.7 / mean]])
+    assert c.metrics["tis/final_mean"] == pytest.approx(1.0)
+
+
+def test_everything_off_is_plain_grpo():
+    old = torch.tensor([[L2, math.log(1e-6)]])
+    mask = torch.tensor([[True, True]])
+    c = compute_corrections(
+        old, torch.zeros(1, 2), mask, _cfg(use_tis=False, use_rs=False, normalize_weights=True)
+    )
+    assert c.weights.tolist() == [[1.0, 1.0]]
+    assert c.keep.tolist() == [[True, True]]

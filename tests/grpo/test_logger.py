@@ -1,0 +1,37 @@
+import json
+
+from minisparse.grpo.logger import MetricsLogger, reduce_metrics, summary_line
+
+
+def test_jsonl_rows_and_drop_after(tmp_path):
+    log = MetricsLogger(tmp_path, {}, None, tensorboard=True, wandb=False, wandb_project="x")
+    for r in (1, 2, 3):
+        log.log(r, {"rollout/reward_mean": r / 10})
+    log.drop_after(2)
+    log.log(3, {"rollout/reward_mean": 0.9})
+    log.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["rollout"], r["rollout/reward_mean"]) for r in rows] == [
+        (1, 0.1),
+        (2, 0.2),
+        (3, 0.9),
+    ]
+    assert any((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_disabled_logger_writes_nothing(tmp_path):
+    log = MetricsLogger(
+        tmp_path / "x", {}, None, tensorboard=True, wandb=False, wandb_project="x", enabled=False
+    )
+    log.log(1, {"a": 1.0})
+    assert not (tmp_path / "x").exists()
+
+
+def test_single_process_reduce_keeps_values_and_order():
+    m = {"time/rollout_s": 2.0, "rs/vetoed_seqs": 1.0, "a": 0.5}
+    assert list(reduce_metrics(m).items()) == list(m.items())
+
+
+def test_summary_line():
+    line = summary_line(3, {"rollout/reward_mean": 0.5, "train/kl": 0.001, "time/update_s": 1.25})
+    assert line == "rollout 3 | reward 0.5 | kl 0.001 | time update=1.2s"

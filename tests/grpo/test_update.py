@@ -1,0 +1,130 @@
+"""The update phase on CPU with DeepSpeed ZeRO-2 (gloo, one process)."""
+
+import math
+import os
+import socket
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from minisparse.config import Config
+from minisparse.grpo.corrections import compute_corrections
+from minisparse.grpo.rollout import RolloutBatch
+from minisparse.grpo.update import train_on_rollout
+
+deepspeed = pytest.importorskip("deepspeed")
+# The CPU recipe (gloo, DeepSpeed's CPU accelerator); on a GPU machine DeepSpeed picks CUDA.
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU training recipe")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _process_group():
+    """A one-process gloo group for DeepSpeed, torn down (with its env vars) afterwards."""
+    from minisparse.grpo.distributed import init_distributed
+
+    saved = dict(os.environ)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    init_distributed()
+    yield
+    torch.distributed.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _cfg(**top) -> Config:
+    cfg = Config(
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        global_batch_size=4,
+        num_steps_per_rollout=1,
+        max_tokens_per_gpu=1000,
+    )
+    cfg.model.dtype = "float32"
+    cfg.optim.lr = 1e-2
+    cfg.loss.kl_coef = 0.0
+    cfg.loss.aggregation = "token_mean"
+    for k, v in top.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def _engine(cfg: Config):
+    from minisparse.grpo.optim import build_train_engine
+
+    torch.manual_seed(0)
+    qcfg = Qwen2Config(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
+    qcfg._attn_implementation = "sdpa"
+    return build_train_engine(
+        Qwen2ForCausalLM(qcfg), cfg, total_steps=10, device=torch.device("cpu")
+    )
+
+
+def _batch(cfg: Config) -> RolloutBatch:
+    responses = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    for i, r in enumerate(responses):
+        mask[i, : len(r)] = True
+    logp = torch.full((4, 4), -3.0) * mask
+    batch = RolloutBatch(
+        prompts=[[1, 2], [1, 2], [3, 4, 2], [3, 4, 2]],
+        responses=responses,
+        labels=["1"] * 4,
+        finish_reasons=["stop"] * 4,
+        rollout_logp=logp,
+        response_mask=mask,
+        num_compressions=[0] * 4,
+        evicted_tokens=[0] * 4,
+        peak_cache_tokens=[0] * 4,
+    )
+    batch.old_logp = logp.clone()
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    corr = compute_corrections(batch.old_logp, batch.rollout_logp, mask, cfg.loss)
+    batch.weights, batch.keep = corr.weights, corr.keep
+    return batch
+
+
+def _params(engine):
+    return torch.cat([p.detach().flatten().clone() for p in engine.module.parameters()])
+
+
+def test_step_updates_and_micro_batching_is_exact():
+    whole_cfg = _cfg()
+    whole = _engine(whole_cfg)
+    m_whole = train_on_rollout(whole, _batch(whole_cfg), whole_cfg)[0]
+    split_cfg = _cfg(max_tokens_per_gpu=9)  # lengths 5, 4, 7, 4 -> [7] [5,4] [4]
+    split = _engine(split_cfg)
+    before = _params(split)
+    m_split = train_on_rollout(split, _batch(split_cfg), split_cfg)[0]
+    assert m_whole["train/micro_batches"] == 1.0 and m_split["train/micro_batches"] == 3.0
+    assert m_split["train/step_skipped"] == 0.0
+    assert not torch.equal(before, _params(split))
+    assert m_split["train/pg_loss"] == pytest.approx(m_whole["train/pg_loss"], rel=1e-5)
+    assert m_split["train/grad_norm"] == pytest.approx(m_whole["train/grad_norm"], rel=1e-4)
+    torch.testing.assert_close(_params(split), _params(whole), rtol=1e-5, atol=1e-6)
+    assert m_split["train/lr"] == pytest.approx(1e-2)
+
+
+def test_nonfinite_loss_skips_the_step():
+    cfg = _cfg()
+    engine = _engine(cfg)
+    batch = _batch(cfg)
+    batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
+    before = _params(engine)
+    m = train_on_rollout(engine, batch, cfg)[0]
+    assert m["train/step_skipped"] == 1.0
+    assert not math.isfinite(m["train/grad_norm"])
+    assert torch.equal(before, _params(engine))
+    # the next, finite step is applied normally
+    m2 = train_on_rollout(engine, _batch(cfg), cfg)[0]
+    assert m2["train/step_skipped"] == 0.0 and not torch.equal(before, _params(engine))

@@ -1,0 +1,212 @@
+"""train.py end to end on CPU: the tiny model, two rollouts, checkpoint, resume, faults."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# entropy_coef > 0 gives every step a gradient even when the random tiny model earns no
+# reward, so resume must restore weights and optimizer state to reproduce rollout 3.
+BASE = ["--config", "tiny_rkv", "--set", "loss.entropy_coef=0.01", "--set", "save_interval=2"]
+
+REQUIRED_KEYS = [
+    "rollout/reward_mean",
+    "rollout/accuracy",
+    "rollout/response_len_mean",
+    "rollout/response_len_max",
+    "rollout/truncated_frac",
+    "advantage/mean",
+    "advantage/std",
+    "advantage/zero_signal_groups",
+    "train/pg_loss",
+    "train/clip_frac",
+    "train/kl",
+    "train/entropy",
+    "train/grad_norm",
+    "train/lr",
+    "mismatch/rollout_ppl",
+    "mismatch/training_ppl",
+    "mismatch/kl_k1",
+    "mismatch/kl_k3",
+    "mismatch/chi2_token",
+    "mismatch/chi2_seq",
+    "mismatch/ppl_ratio",
+    "tis/raw_mean",
+    "tis/bounded_mean",
+    "tis/truncated_frac",
+    "rs/rejected_token_frac",
+    "rs/vetoed_seqs",
+    "rs/vetoed_frac",
+    "compress/compressions_per_sample",
+    "compress/evicted_tokens_per_sample",
+    "compress/peak_cache_tokens_mean",
+    "time/rollout_s",
+    "time/update_s",
+    "time/logprobs_s",
+    "perf/rollout_tokens_per_s",
+]
+VOLATILE = ("time/", "mem/", "perf/rollout_tokens_per_s", "reward/grade_s")
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _train(out: Path, *args: str, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MINISPARSE_CACHE": str(cache), "MASTER_PORT": _free_port()}
+    cmd = [sys.executable, "train.py", *BASE, "--set", f"output_dir={out}", *args]
+    return subprocess.run(
+        cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, _minisparse_cache):
+    """(two rollouts then --resume to 3, three rollouts straight) output dirs."""
+    base = tmp_path_factory.mktemp("train")
+    resumed, straight = base / "resumed", base / "straight"
+    first = _train(resumed, "--set", "num_rollout=2", cache=_minisparse_cache)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = _train(resumed, "--set", "num_rollout=3", "--resume", cache=_minisparse_cache)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout
+    third = _train(straight, "--set", "num_rollout=3", cache=_minisparse_cache)
+    assert third.returncode == 0, third.stderr[-3000:]
+    return resumed, straight
+
+
+def test_metrics_rows_have_every_key(runs):
+    rows = _rows(runs[1])
+    assert [r["rollout"] for r in rows] == [1, 2, 3]
+    missing = [k for k in REQUIRED_KEYS if k not in rows[0]]
+    assert not missing
+    assert rows[0]["train/step"] == 2.0 and rows[2]["train/step"] == 6.0  # 2 steps/rollout
+    assert any((runs[1] / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_hf_checkpoint_loads(runs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ckpt = runs[0] / "checkpoints" / "rollout_000002"
+    assert (ckpt / "COMPLETE").is_file()
+    model = AutoModelForCausalLM.from_pretrained(ckpt / "hf", local_files_only=True)
+    AutoTokenizer.from_pretrained(ckpt / "hf", local_files_only=True)
+    assert model.config.model_type == "qwen2"
+
+
+def test_resume_continues_at_rollout_3_with_same_data_and_weights(runs):
+    resumed, straight = (_rows(d) for d in runs)
+    assert [r["rollout"] for r in resumed] == [1, 2, 3]
+    a, b = resumed[2], straight[2]
+    same = {k: a[k] for k in a if not k.startswith(VOLATILE)}
+    assert same == {k: b[k] for k in same}
+    state = lambda d: json.loads((d / "checkpoints/rollout_000003/trainer_state.json").read_text())
+    assert state(runs[0])["sampler"] == state(runs[1])["sampler"]
+
+
+def test_nonfinite_steps_stop_the_run(tmp_path, _minisparse_cache):
+    out = tmp_path / "nan"
+    res = _train(
+        out,
+        "--set",
+        "num_rollout=3",
+        "--set",
+        "loss.entropy_coef=1e308",  # overflows float32: -inf loss
+        "--set",
+        "max_nonfinite_steps=2",
+        cache=_minisparse_cache,
+    )
+    assert res.returncode != 0
+    assert "2 optimizer steps had a non-finite loss" in res.stderr
+    rows = _rows(out)
+    assert len(rows) == 1 and rows[0]["train/nonfinite_steps"] == 2.0
+
+
+def test_bad_paths_fail_before_training(tmp_path, _minisparse_cache):
+    res = _train(tmp_path / "m", "--set", "model.path=/nonexistent/model", cache=_minisparse_cache)
+    assert res.returncode == 2 and "/nonexistent/model" in res.stderr
+    res = _train(
+        tmp_path / "d", "--set", "data.path=/nonexistent/data.jsonl", cache=_minisparse_cache
+    )
+    assert res.returncode == 2 and "/nonexistent/data.jsonl" in res.stderr
+    assert not (tmp_path / "m" / "metrics.jsonl").exists()
+
+
+def test_eval_metrics_logged_with_training(tmp_path, _minisparse_cache, shared_data):
+    out = tmp_path / "eval"
+    res = _train(
+        out,
+        "--set",
+        "num_rollout=1",
+        "--set",
+        "save_interval=0",
+        "--set",
+        "eval_interval=1",
+        "--set",
+        "eval.benchmarks=gsm8k",
+        "--set",
+        "eval.limit=2",
+        "--set",
+        "eval.max_new_tokens=8",
+        "--set",
+        f"eval.data_dir={shared_data / 'eval'}",
+        cache=_minisparse_cache,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    row = _rows(out)[0]
+    assert row["eval/gsm8k/mean_response_tokens"] <= 8.0 and "eval/average_accuracy" in row
+    assert not (out / "checkpoints").exists()  # save_interval 0: no checkpoints
+
+
+def test_two_ranks_gloo(tmp_path, _minisparse_cache):
+    out = tmp_path / "ddp"
+    env = {**os.environ, "MINISPARSE_CACHE": str(_minisparse_cache)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        _free_port(),
+        "train.py",
+        *BASE,
+        "--set",
+        "num_rollout=1",
+        "--set",
+        f"output_dir={out}",
+    ]
+    res = subprocess.run(
+        cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = _rows(out)
+    assert len(rows) == 1  # rank 0 alone writes
+    # 4 prompts x 4 samples, 2 prompts per rank; the random tiny model earns no reward, so
+    # all 4 groups carry no signal: counted per rank and summed (a mean would give 2)
+    assert rows[0]["advantage/zero_signal_groups"] == 4.0
+    ckpt = out / "checkpoints" / "rollout_000001"
+    assert (ckpt / "COMPLETE").is_file()
+    assert (ckpt / "rng_rank0.pt").is_file() and (ckpt / "rng_rank1.pt").is_file()
+
+
+def test_batch_sizes_must_split_over_ranks():
+    from minisparse.config import Config, ConfigError
+    from train import check_world
+
+    check_world(Config(rollout_batch_size=8, global_batch_size=16), 4)
+    with pytest.raises(ConfigError, match="'rollout_batch_size' \\(6\\)"):
+        check_world(Config(rollout_batch_size=6, global_batch_size=16), 4)
+    with pytest.raises(ConfigError, match="'global_batch_size'"):
+        check_world(Config(rollout_batch_size=8, global_batch_size=12), 8)

@@ -1,0 +1,348 @@
+"""GRPO with sparse (KV-compressed) rollouts: the training loop, top to bottom.
+
+    python train.py --config tiny_rkv                      # any CPU, seconds
+    torchrun --nproc_per_node 4 train.py --config qwen3b_rkv
+
+One process per GPU holds a DeepSpeed ZeRO-sharded policy and an in-process rollout
+engine that samples with the policy's own weights. Each rollout:
+
+  1. rollout   the engine samples n responses for this rank's prompts (compressed KV)
+  2. reward    math_reward per response, GRPO advantages per prompt group
+  3. logprobs  dense log-probs of the current (old) and reference policies, then the
+               Sparse-RL correction weights from the sampler/dense mismatch
+  4. update    num_steps_per_rollout optimizer steps in packed micro-batches
+  5. log       metrics.jsonl, TensorBoard (wandb), one console line
+  6. save      an HF checkpoint + resume state every save_interval rollouts and at the
+               end (save_interval 0: never)
+
+GPU memory changes hands between phases: during the rollout the optimizer states sit on
+the CPU and the engine's KV pool is allocated; for the update the pool is released.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import random
+import sys
+from dataclasses import dataclass
+from statistics import mean
+from typing import Any
+
+import torch
+
+from minisparse.config import Config, ConfigError, add_config_args, config_from_args, config_to_dict
+from minisparse.data import DataError
+from minisparse.grpo import distributed as dist
+from minisparse.grpo.advantages import group_advantages
+from minisparse.grpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from minisparse.grpo.corrections import compute_corrections
+from minisparse.grpo.logger import MetricsLogger, reduce_metrics, summary_line
+from minisparse.grpo.logprobs import batch_logprobs
+from minisparse.grpo.memory import (
+    free_training_memory,
+    phase,
+    rollout_memory,
+    rollout_weights,
+    train_memory,
+    visiting,
+)
+from minisparse.grpo.mismatch import mismatch_metrics
+from minisparse.grpo.optim import TrainingStateOffload, build_train_engine
+from minisparse.grpo.rollout import (
+    RolloutBatch,
+    build_batch,
+    rollout_metrics,
+    sampling_params,
+    score_batch,
+)
+from minisparse.grpo.update import train_on_rollout
+
+
+@dataclass
+class Run:
+    """Everything the loop touches, built once by setup()."""
+
+    cfg: Config
+    device: torch.device
+    train_engine: Any  # DeepSpeed engine; .module is the HF policy
+    offload: TrainingStateOffload  # moves optimizer states off the GPU for the rollout
+    ref_model: torch.nn.Module | None
+    llm: Any  # minisparse.engine.LLMEngine over train_engine.module's weights
+    tokenizer: Any
+    rows: list  # PromptRow
+    sampler: Any  # PromptSampler
+    logger: MetricsLogger
+    start_rollout: int = 0  # rollouts already done (from a checkpoint)
+    nonfinite_steps: int = 0
+
+
+def parse_args() -> tuple[Config, argparse.Namespace]:
+    parser = add_config_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last complete checkpoint in output_dir "
+        "(required to exist; cfg.resume=auto resumes when one exists)",
+    )
+    args = parser.parse_args()
+    return config_from_args(args), args
+
+
+def check_world(cfg: Config, world: int) -> None:
+    """Batch keys must split evenly over the ranks; fails before any model is loaded."""
+    for key in ("rollout_batch_size", "global_batch_size"):
+        if getattr(cfg, key) % world:
+            raise ConfigError(
+                f"config key '{key}' ({getattr(cfg, key)}) must be divisible "
+                f"by the number of processes ({world})"
+            )
+
+
+def setup(cfg: Config, resume_required: bool) -> Run:
+    """Process group, policy (+ reference), DeepSpeed, data, engine, resume, logger."""
+    from minisparse.data import PromptSampler, load_prompts
+    from minisparse.engine import EngineArgs, LLMEngine
+    from minisparse.models import load_policy
+
+    device = dist.init_distributed()
+    check_world(cfg, dist.world_size())
+    random.seed(cfg.seed + dist.rank())
+    torch.manual_seed(cfg.seed + dist.rank())
+
+    policy, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
+    if cfg.model.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    ref_model = None
+    if cfg.loss.kl_coef > 0:  # a frozen copy on the CPU; no reference model otherwise
+        ref_model = copy.deepcopy(policy).to("cpu").eval().requires_grad_(False)
+    rows = load_prompts(cfg.data, tokenizer)
+    sampler = PromptSampler(
+        len(rows),
+        cfg.rollout_batch_size,
+        cfg.seed,
+        dist.rank(),
+        dist.world_size(),
+        shuffle=cfg.data.shuffle,
+    )
+
+    total_steps = cfg.num_rollout * cfg.num_steps_per_rollout
+    train_engine = build_train_engine(policy, cfg, total_steps, device)
+    start, nonfinite = resume(cfg, train_engine, sampler, resume_required)
+
+    logger = MetricsLogger(
+        cfg.output_dir,
+        config_to_dict(cfg),
+        cfg.log.run_name,
+        cfg.log.tensorboard,
+        cfg.log.wandb,
+        cfg.log.wandb_project,
+        enabled=dist.rank() == 0,
+    )
+    logger.drop_after(start)
+    # The engine's KV pool is sized from the memory free once the optimizer is off the GPU.
+    offload = TrainingStateOffload(train_engine)
+    free_training_memory(offload, device)
+    with rollout_weights(train_engine):
+        llm = LLMEngine(train_engine.module, tokenizer, EngineArgs.from_config(cfg, device))
+    return Run(
+        cfg=cfg,
+        device=device,
+        train_engine=train_engine,
+        offload=offload,
+        ref_model=ref_model,
+        llm=llm,
+        tokenizer=tokenizer,
+        rows=rows,
+        sampler=sampler,
+        logger=logger,
+        start_rollout=start,
+        nonfinite_steps=nonfinite,
+    )
+
+
+def resume(cfg: Config, train_engine, sampler, required: bool) -> tuple[int, int]:
+    """(rollouts done, non-finite steps so far) from the last complete checkpoint."""
+    if not required and cfg.resume == "never":
+        return 0, 0
+    path = latest_checkpoint(cfg.output_dir)
+    if path is None:
+        if required:
+            raise FileNotFoundError(
+                f"--resume: no complete checkpoint under {cfg.output_dir}/checkpoints"
+            )
+        return 0, 0
+    state = load_checkpoint(path, train_engine)
+    sampler.load_state_dict(state["sampler"])
+    if dist.rank() == 0:
+        print(f"resumed from {path} (rollout {state['rollout']}, step {state['step']})")
+    return int(state["rollout"]), int(state.get("nonfinite_steps", 0))
+
+
+# ------------------------------------------------------------------------------- phases
+
+
+def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
+    """This rank's prompts -> n sampled responses each, with the sampler's log-probs."""
+    cfg = run.cfg
+    rows = [run.rows[i] for i in run.sampler.next_batch()]
+    seed = (cfg.seed * 1_000_003 + rollout * 1_009 + dist.rank()) % 2**31
+    with rollout_weights(run.train_engine):
+        run.llm.update_weights(run.train_engine.module)
+        outputs = run.llm.generate([r.prompt_ids for r in rows], sampling_params(cfg, seed))
+    s = run.llm.last_stats
+    metrics.update(
+        {
+            "perf/rollout_tokens_per_s": s.tokens_per_s,
+            "perf/rollout_tokens": float(s.generated_tokens),
+            "perf/peak_kv_tokens": float(s.peak_kv_tokens),
+            "perf/preemptions": float(s.preemptions),
+        }
+    )
+    return build_batch(outputs, [r.label for r in rows])
+
+
+def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
+    """Rewards, then GRPO advantages within each prompt's group of responses."""
+    grade_stats = score_batch(batch, run.tokenizer)
+    batch.advantages, adv_stats = group_advantages(
+        batch.rewards, run.cfg.n_samples_per_prompt, run.cfg.loss.normalize_advantage_std
+    )
+    metrics.update(rollout_metrics(batch, grade_stats))
+    metrics.update(adv_stats)
+
+
+def logprob_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
+    """Dense old (and reference) log-probs, mismatch metrics, Sparse-RL corrections."""
+    cfg, module = run.cfg, run.train_engine.module
+    args = (batch.prompts, batch.responses, batch.width, cfg.max_tokens_per_gpu, cfg.temperature)
+    module.eval()
+    batch.old_logp = batch_logprobs(module, *args)
+    if run.ref_model is not None:
+        with visiting(run.ref_model, run.device) as ref:
+            batch.ref_logp = batch_logprobs(ref, *args)
+    metrics.update(mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.response_mask))
+    corr = compute_corrections(batch.old_logp, batch.rollout_logp, batch.response_mask, cfg.loss)
+    batch.weights, batch.keep = corr.weights, corr.keep
+    metrics.update(corr.metrics)
+
+
+def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
+    """Optimizer steps; averages the per-step metrics, counts skipped (non-finite) steps."""
+    steps = train_on_rollout(run.train_engine, batch, run.cfg)
+    for key in steps[0]:
+        if key != "train/step_skipped":
+            metrics[key] = mean(s[key] for s in steps)
+    skipped = int(sum(s["train/step_skipped"] for s in steps))
+    run.nonfinite_steps += skipped
+    metrics["train/nonfinite_steps"] = float(skipped)
+    metrics["train/step"] = float(run.train_engine.global_steps)
+
+
+def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
+    """Benchmarks of cfg.eval with the current weights (rank 0; the others wait)."""
+    from minisparse.evaluation import evaluate, flat_metrics
+
+    rollout_memory(run.offload, run.llm, run.device)
+    if dist.rank() == 0:
+        with rollout_weights(run.train_engine):
+            run.llm.update_weights(run.train_engine.module)
+            summary = evaluate(
+                run.llm,
+                run.tokenizer,
+                run.cfg.eval,
+                os.path.join(run.cfg.output_dir, "eval", f"rollout_{rollout:06d}"),
+                seed=run.cfg.seed,
+                overwrite=True,
+                progress=False,
+                log=lambda _: None,
+            )
+        metrics.update(flat_metrics(summary))
+    dist.barrier()
+
+
+def save_phase(run: Run, rollout: int) -> None:
+    state = {
+        "rollout": rollout,
+        "step": run.train_engine.global_steps,
+        "sampler": run.sampler.state_dict(),
+        "nonfinite_steps": run.nonfinite_steps,
+        "world_size": dist.world_size(),
+    }
+    save_checkpoint(run.cfg.output_dir, rollout, run.train_engine, run.tokenizer, state)
+
+
+# --------------------------------------------------------------------------------- loop
+
+
+def train(run: Run) -> None:
+    cfg = run.cfg
+    rollouts = range(run.start_rollout + 1, cfg.num_rollout + 1)
+    bar = _progress(rollouts, cfg.num_rollout, enabled=dist.rank() == 0)
+    for rollout in bar:
+        metrics: dict[str, float] = {}
+        with phase("swap_to_rollout", metrics, run.device):
+            rollout_memory(run.offload, run.llm, run.device)
+        with phase("rollout", metrics, run.device):
+            batch = rollout_phase(run, rollout, metrics)
+        with phase("reward", metrics, run.device):
+            reward_phase(run, batch, metrics)
+        with phase("swap_to_train", metrics, run.device):
+            train_memory(run.offload, run.llm, run.device)
+        with phase("logprobs", metrics, run.device):
+            logprob_phase(run, batch, metrics)
+        with phase("update", metrics, run.device):
+            update_phase(run, batch, metrics)
+
+        metrics = reduce_metrics(metrics)
+        if cfg.eval_interval and rollout % cfg.eval_interval == 0:
+            with phase("eval", metrics, run.device):
+                eval_phase(run, rollout, metrics)
+        run.logger.log(rollout, metrics)
+        if dist.rank() == 0:
+            bar.write(summary_line(rollout, metrics))
+        stop = run.nonfinite_steps >= max(1, cfg.max_nonfinite_steps)
+        if cfg.save_interval and (
+            rollout % cfg.save_interval == 0 or rollout == cfg.num_rollout or stop
+        ):
+            save_phase(run, rollout)
+        if stop:
+            raise RuntimeError(
+                f"stopping: {run.nonfinite_steps} optimizer steps had a non-finite loss or "
+                f"gradient norm (max_nonfinite_steps={cfg.max_nonfinite_steps}); see "
+                f"train/nonfinite_steps in {cfg.output_dir}/metrics.jsonl"
+            )
+
+
+def _progress(iterable, total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(
+        iterable,
+        total=total,
+        initial=iterable.start - 1,
+        disable=not enabled,
+        desc="rollouts",
+        dynamic_ncols=True,
+        file=sys.stdout,
+    )
+
+
+def main() -> None:
+    cfg, args = parse_args()
+    try:
+        run = setup(cfg, resume_required=args.resume)
+    except (ConfigError, DataError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        train(run)
+    finally:
+        run.logger.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
