@@ -12,7 +12,6 @@ import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from minisparse.config import DataConfig

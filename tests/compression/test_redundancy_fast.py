@@ -3,10 +3,6 @@ last-above search, negative thresholds with padding, and the Triton kernels (com
 CUDA, Triton's CPU interpreter otherwise) against the PyTorch path."""
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-
 import pytest
 import torch
 
@@ -15,6 +11,7 @@ from minisparse.compression.scoring import NORM_EPS, column_sums_torch, last_abo
 
 from . import reference
 from .helpers import make_inputs
+from triton_interpreter import import_interpreted
 
 
 def brute_sums(keys: torch.Tensor, length: int, threshold: float, dtype: torch.dtype):
@@ -86,23 +83,6 @@ def test_batch_with_padding_any_threshold(threshold):
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _patch_interpreter_for_numpy2() -> None:
-    """Triton 3.6's interpreter turns a 1-element array into a Python int with int(array),
-    which NumPy >= 2.4 rejects (runtime loop bounds hit it): read the one element."""
-    from triton.runtime import interpreter
-
-    if getattr(interpreter, "_minisparse_patched", False):
-        return
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-    interpreter._minisparse_patched = True
-
-
 @pytest.fixture(scope="module")
 def tr():
     """triton_redundancy: compiled on CUDA, else run by Triton's CPU interpreter (its
@@ -112,17 +92,7 @@ def tr():
         from minisparse.compression import triton_redundancy
 
         return triton_redundancy
-    os.environ["TRITON_INTERPRET"] = "1"
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if not isinstance(tl.max, InterpretedFunction):
-        for name in [m for m in sys.modules if m == "triton" or m.startswith("triton.")]:
-            if not name.startswith("triton._C"):
-                del sys.modules[name]
-    sys.modules.pop("minisparse.compression.triton_redundancy", None)
-    _patch_interpreter_for_numpy2()
-    return importlib.import_module("minisparse.compression.triton_redundancy")
+    return import_interpreted("minisparse.compression.triton_redundancy")
 
 
 TRITON_CASES = [(torch.float32, 0.5), (torch.float32, -0.3), (torch.float32, 0.999),
