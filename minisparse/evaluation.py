@@ -29,8 +29,6 @@ BOXED_INSTRUCTION = " Please reason step by step, and put your final answer with
 CHAT_SYSTEM = "You are a helpful assistant."
 CHAT_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 PROMPT_TEMPLATES = ("boxed", "chat")
-# Stop tokens of the harness (besides the tokenizer's eos), where the vocabulary has them.
-STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>")
 
 
 class ResultsMismatchError(ValueError):
@@ -63,14 +61,6 @@ def prompt_token_ids(tokenizer: Any, question: str, template: str) -> list[int]:
     """Token ids; special tokens (BOS) are added only where the chat template has none."""
     text = prompt_text(tokenizer, question, template)
     return list(tokenizer.encode(text, add_special_tokens=template == "boxed"))
-
-
-def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
-    vocab = tokenizer.get_vocab()
-    ids = {vocab[t] for t in STOP_TOKENS if t in vocab}
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return tuple(sorted(ids))
 
 
 # ------------------------------------------------------------------------------ metrics
@@ -230,12 +220,12 @@ def protocol_for(name: str, eval_cfg: Any) -> tuple[int, int]:
             spec.max_new_tokens if max_new is None else max_new)
 
 
-def _sampling_params(eval_cfg: Any, n: int, max_new: int, seed: int | None, stops: tuple) -> Any:
+def _sampling_params(eval_cfg: Any, n: int, max_new: int, seed: int | None) -> Any:
     from minisparse.engine import SamplingParams
 
     return SamplingParams(
         temperature=eval_cfg.temperature, top_p=eval_cfg.top_p, top_k=-1,
-        max_new_tokens=max_new, n=n, seed=seed, stop_token_ids=stops,
+        max_new_tokens=max_new, n=n, seed=seed,
     )
 
 
@@ -263,11 +253,11 @@ def _plan(
 
 def _score_benchmark(
     engine: Any, tokenizer: Any, eval_cfg: Any, problems: list[Problem], bench_settings: dict,
-    bench_dir: Path | None, stops: tuple[int, ...], progress: bool,
+    bench_dir: Path | None, progress: bool,
 ) -> dict:
     """Generate, grade and (with a folder) write one benchmark; its metrics."""
     n, max_new = bench_settings["n_samples"], bench_settings["max_new_tokens"]
-    params = _sampling_params(eval_cfg, n, max_new, bench_settings["seed"], stops)
+    params = _sampling_params(eval_cfg, n, max_new, bench_settings["seed"])
     records, timing = run_benchmark(
         engine, tokenizer, problems, params, eval_cfg.prompt_template, progress
     )
@@ -299,7 +289,6 @@ def evaluate(
         "temperature": eval_cfg.temperature, "top_p": eval_cfg.top_p, "seed": seed,
         "limit": eval_cfg.limit,
     })
-    stops = stop_token_ids(tokenizer)
     results: dict[str, dict] = {}
     for name, bench_settings, bench_dir, saved in _plan(problems, eval_cfg, common,
                                                          output_dir, overwrite):
@@ -310,7 +299,7 @@ def evaluate(
         log(f"[{name}] {len(problems[name])} problems x {bench_settings['n_samples']} samples, "
             f"<= {bench_settings['max_new_tokens']} new tokens")
         results[name] = _score_benchmark(engine, tokenizer, eval_cfg, problems[name],
-                                         bench_settings, bench_dir, stops, progress)
+                                         bench_settings, bench_dir, progress)
     summary = {
         "settings": common,
         "benchmarks": results,

@@ -17,7 +17,6 @@ from minisparse.evaluation import (
     prompt_text,
     prompt_token_ids,
     sample_metrics,
-    stop_token_ids,
 )
 
 
@@ -85,11 +84,6 @@ def test_chat_prompt_matches_training_format(tokenizer):
     ids = prompt_token_ids(tokenizer, "What is 2+2?", "chat")
     assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert tokenizer.decode(ids) == expected
-
-
-def test_stop_tokens(tokenizer):
-    ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
-    assert set(stop_token_ids(tokenizer)) == ids
 
 
 # ---------------------------------------------------------------- scripted engine

@@ -24,14 +24,23 @@ from minisparse.engine.scheduler import Scheduler
 from minisparse.engine.sequence import GenerateStats, SampleOutput, Sequence
 
 
+# End-of-turn / end-of-text markers of the supported families. A base checkpoint's eos is
+# often <|endoftext|> alone while its RL prompts use the chat format, so a turn that ends
+# with <|im_end|> would otherwise run on into an invented next turn.
+END_TOKENS = ("<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<|end_of_text|>")
+
+
 def eos_token_ids(model: nn.Module, tokenizer) -> set[int]:
-    """EOS ids from the tokenizer and the model's generation_config (either may list several)."""
+    """Ids that end a sample (unless ignore_eos): the tokenizer's and generation_config's
+    eos (either may list several) and the END_TOKENS the vocabulary has."""
     ids: set[int] = set()
     sources = (getattr(tokenizer, "eos_token_id", None),
                getattr(getattr(model, "generation_config", None), "eos_token_id", None))
     for x in sources:
         if x is not None:
             ids.update(x if isinstance(x, (list, tuple)) else [x])
+    vocab = tokenizer.get_vocab() if tokenizer is not None else {}  # None: ids-only use
+    ids.update(vocab[t] for t in END_TOKENS if t in vocab)
     return ids
 
 

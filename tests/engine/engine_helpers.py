@@ -17,8 +17,12 @@ EOS = 3
 
 
 class Tok:
-    """The engine only reads eos_token_id (and decodes ids for the newline trigger)."""
+    """The engine only reads eos_token_id and the vocabulary's end-of-turn markers (and
+    decodes ids for the newline trigger); this model's vocabulary has no such markers."""
     eos_token_id = EOS
+
+    def get_vocab(self) -> dict[str, int]:
+        return {}
 
 
 def build(arch: str, dtype=torch.float32, device="cpu") -> torch.nn.Module:

@@ -104,3 +104,18 @@ def test_engine_args_from_config_and_backend_protocol(qwen2):
     assert engine.pool.num_pages == expected - 1  # one scratch page
     outs = engine.generate(prompts(6), SamplingParams(max_new_tokens=4, seed=0))
     assert len(outs) == 6 and engine.policy is not None
+
+
+def test_end_of_turn_ends_a_sample_even_when_eos_is_end_of_text(tiny_path):
+    """A Qwen base checkpoint's eos is <|endoftext|> alone, but its RL prompts are in the
+    chat format: <|im_end|> must still end the sample (training and eval alike)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from minisparse.engine.engine import eos_token_ids
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    tok.eos_token = "<|endoftext|>"
+    model.generation_config.eos_token_id = tok.eos_token_id
+    ids = eos_token_ids(model, tok)
+    assert ids == {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
