@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from minisparse.benchmarks import BenchmarkError, load_benchmarks
 from minisparse.config import Config, ConfigError, add_config_args, config_from_args, config_to_dict
 from minisparse.data import DataError
 from minisparse.grpo import distributed as dist
@@ -74,6 +75,7 @@ class Run:
     rows: list  # PromptRow
     sampler: Any  # PromptSampler
     logger: MetricsLogger
+    eval_problems: dict | None = None  # benchmark name -> problems, read at setup
     start_rollout: int = 0  # rollouts already done (from a checkpoint)
     nonfinite_steps: int = 0
 
@@ -90,6 +92,16 @@ def parse_args() -> tuple[Config, argparse.Namespace]:
     return config_from_args(args), args
 
 
+def check_inputs(cfg: Config) -> dict | None:
+    """Input files that a run reads later must fail now, before any model is loaded: the
+    training data, and the benchmarks of in-training evaluation (returned, read in full)."""
+    if cfg.data.path != "synthetic" and not os.path.isfile(cfg.data.path):
+        raise DataError(f"data.path: no such file: {cfg.data.path}")
+    if not cfg.eval_interval:
+        return None
+    return load_benchmarks(cfg.eval.benchmarks, cfg.eval.data_dir, cfg.eval.limit)
+
+
 def check_world(cfg: Config, world: int) -> None:
     """Batch keys must split evenly over the ranks; fails before any model is loaded."""
     for key in ("rollout_batch_size", "global_batch_size"):
@@ -104,14 +116,18 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     """Process group, policy (+ reference), DeepSpeed, data, engine, resume, logger."""
     from minisparse.data import PromptSampler, load_prompts
     from minisparse.engine import EngineArgs, LLMEngine
+    from minisparse.evaluation import check_prompt_template
     from minisparse.models import load_policy
 
     device = dist.init_distributed()
     check_world(cfg, dist.world_size())
+    eval_problems = check_inputs(cfg)
     random.seed(cfg.seed + dist.rank())
     torch.manual_seed(cfg.seed + dist.rank())
 
     policy, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
+    if eval_problems is not None:
+        check_prompt_template(tokenizer, cfg.eval.prompt_template)
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     ref_model = None
@@ -157,6 +173,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
         rows=rows,
         sampler=sampler,
         logger=logger,
+        eval_problems=eval_problems,
         start_rollout=start,
         nonfinite_steps=nonfinite,
     )
@@ -255,6 +272,7 @@ def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
                 os.path.join(run.cfg.output_dir, "eval", f"rollout_{rollout:06d}"),
                 seed=run.cfg.seed,
                 overwrite=True,
+                problems=run.eval_problems,
                 progress=False,
                 log=lambda _: None,
             )
@@ -333,7 +351,7 @@ def main() -> None:
     cfg, args = parse_args()
     try:
         run = setup(cfg, resume_required=args.resume)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, BenchmarkError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     try:

@@ -143,6 +143,16 @@ def test_bad_paths_fail_before_training(tmp_path, _minisparse_cache):
     assert not (tmp_path / "m" / "metrics.jsonl").exists()
 
 
+def test_bad_eval_benchmark_fails_before_training(tmp_path, _minisparse_cache):
+    """In-training evaluation's benchmarks are read at start-up: a typo fails the run at
+    once (naming it), not after eval_interval rollouts with the other ranks waiting."""
+    out = tmp_path / "badeval"
+    res = _train(out, "--set", "eval_interval=1", "--set", "eval.benchmarks=gsm8k_typo",
+                 cache=_minisparse_cache)
+    assert res.returncode == 2 and "gsm8k_typo" in res.stderr
+    assert not (out / "metrics.jsonl").exists()
+
+
 def test_eval_metrics_logged_with_training(tmp_path, _minisparse_cache, shared_data):
     out = tmp_path / "eval"
     res = _train(
