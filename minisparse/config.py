@@ -51,7 +51,7 @@ class CompressConfig:
 
 @dataclass
 class EngineConfig:
-    backend: str = "native"  # native | sglang
+    backend: str = "native"  # native (an embedded SGLang backend for dense runs is planned)
     page_size: int = 16
     # KV pool size: kv_memory_gb if > 0, else this fraction of the free GPU memory
     # (on CPU: of kv_cpu_memory_gb).
@@ -175,7 +175,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "compress.pooling": ("max", "avg"),
     "compress.group_pooling": ("max", "mean"),
     "compress.selection": ("per_head", "per_layer"),
-    "engine.backend": ("native", "sglang"),
+    "engine.backend": ("native",),
     "optim.lr_schedule": ("constant", "cosine", "linear"),
     "loss.advantage": ("grpo",),
     "loss.kl_type": ("low_var_kl", "k1", "k2", "k3"),

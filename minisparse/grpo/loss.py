@@ -66,7 +66,8 @@ def step_denominator(keep: torch.Tensor, aggregation: str) -> float:
 def aggregate(
     values: torch.Tensor, keep: torch.Tensor, aggregation: str, denominator: float
 ) -> torch.Tensor:
-    """Sum of per-token (token_mean) or per-sample-mean (sample_mean) values / denominator."""
+    """Sum of per-token (token_mean) or per-sample-mean (sample_mean) values / denominator
+    (> 0: the step's kept count over all ranks, divided by the number of ranks)."""
     keep_f = keep.to(values.dtype)
     masked = values * keep_f
     if aggregation == "token_mean":
@@ -75,7 +76,7 @@ def aggregate(
         total = (masked.sum(dim=1) / keep_f.sum(dim=1).clamp(min=1)).sum()
     else:
         raise ValueError(f"unknown aggregation {aggregation!r}")
-    return total / max(denominator, 1.0)
+    return total / denominator
 
 
 def grpo_loss(

@@ -70,7 +70,10 @@ def optimizer_step(
 ) -> dict[str, float]:
     """Forward/backward over samples in packed micro-batches, then one optimizer step."""
     local = step_denominator(batch.keep[samples], cfg.loss.aggregation)
-    denominator = all_reduce(torch.tensor([local], dtype=torch.float64)).item() / world_size()
+    total = all_reduce(torch.tensor([local], dtype=torch.float64)).item()
+    # DeepSpeed averages gradients over ranks, so each rank divides by total / world; the
+    # clamp goes on the total (an empty step), never on the per-rank share.
+    denominator = max(total, 1.0) / world_size()
     lengths = [len(batch.prompts[i]) + len(batch.responses[i]) for i in samples]
     groups = equalize_across_ranks(pack_by_tokens(lengths, cfg.max_tokens_per_gpu))
     sums: dict[str, float] = defaultdict(float)

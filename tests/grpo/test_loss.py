@@ -99,3 +99,12 @@ def test_rejected_tokens_leave_the_loss():
     loss.backward()
     assert loss.item() == pytest.approx(-1.0)
     assert logp.grad.tolist() == [[-1.0, 0.0], [0.0, 0.0]]
+
+
+def test_step_denominator_share_below_one_is_not_clamped():
+    """4 ranks, one kept sample in the whole step: each rank divides by 1/4, so after
+    DeepSpeed's mean over ranks the kept sample's gradient has its full weight."""
+    keep = torch.tensor([[True, True]])
+    values = torch.tensor([[2.0, 4.0]])
+    per_rank = aggregate(values, keep, "sample_mean", 1.0 / 4)
+    assert per_rank.item() == pytest.approx(3.0 * 4)
