@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from minisparse.reward import last_boxed
+
 # The seven benchmarks the Sparse-RL paper reports, in its table order.
 PAPER_BENCHMARKS: tuple[str, ...] = (
     "gsm8k", "math500", "minerva_math", "olympiadbench", "aime24", "amc23", "gaokao2023en",
@@ -65,24 +67,6 @@ def _scalar_answer(row: dict, key: str) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value).strip()
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}), braces matched; None if absent."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth, begin = 1, i
-    while i < len(text):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[begin:i].strip()
-        i += 1
-    return None
 
 
 def read_gsm8k(row: dict) -> tuple[str, str]:

@@ -71,17 +71,26 @@ def _braced(text: str, start: int) -> str | None:
     return None
 
 
+def last_boxed(text: str) -> str | None:
+    """Content of the last non-empty \\boxed{...} / \\fbox{...} (braces matched; also
+    "\\boxed 5"), None when there is none. Also reads the benchmarks' reference solutions."""
+    for match in reversed(list(_BOXED.finditer(text))):
+        end = match.end()
+        if end < len(text) and text[end] == "{":
+            content = _braced(text, end)
+        else:  # "\boxed 5"
+            content = text[end:].split(maxsplit=1)[0].rstrip("$.") if text[end:].strip() else None
+        if content is not None and content.strip():
+            return content.strip()
+    return None
+
+
 def extract_answer(response: str) -> str:
     """The final answer of a response ("" when none); see the module docstring."""
     tail = response[-TAIL_CHARS:]
-    for match in reversed(list(_BOXED.finditer(tail))):
-        end = match.end()
-        if end < len(tail) and tail[end] == "{":
-            content = _braced(tail, end)
-        else:  # "\boxed 5"
-            content = tail[end:].split(maxsplit=1)[0].rstrip("$.") if tail[end:].strip() else None
-        if content is not None and content.strip():
-            return content.strip()
+    boxed = last_boxed(tail)
+    if boxed is not None:
+        return boxed
     phrases = _ANSWER_IS.findall(tail)
     return phrases[-1].strip().strip("$").strip() if phrases else ""
 

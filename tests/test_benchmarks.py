@@ -8,11 +8,11 @@ import pytest
 from minisparse.benchmarks import (
     PAPER_BENCHMARKS,
     BenchmarkError,
-    last_boxed,
     load_benchmark,
     load_benchmarks,
     parse_benchmark_names,
 )
+from minisparse.reward import last_boxed
 
 # One made-up row per benchmark, in the layout of its real test.jsonl.
 ROWS = {

@@ -31,6 +31,3 @@ class BlockManager:
 
     def release(self, pages: list[int]) -> None:
         self.free.extend(pages)
-
-    def reset_peak(self) -> None:
-        self.peak_used = self.num_used
