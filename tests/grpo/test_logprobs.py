@@ -2,24 +2,13 @@ import math
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from grpo_models import tiny_qwen2
 
 from minisparse.grpo.logprobs import pack_sequences, pad_rows, response_logprobs
 
 
-def _model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    cfg._attn_implementation = "sdpa"
-    return Qwen2ForCausalLM(cfg).eval()
+def _model():
+    return tiny_qwen2(vocab=97, hidden=32, layers=2, heads=4, kv_heads=2).eval()
 
 
 def _reference(model, prompt, response):

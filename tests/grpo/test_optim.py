@@ -52,7 +52,7 @@ def test_state_offload_roundtrip_on_gpu():
     import os
     import socket
 
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from grpo_models import tiny_qwen2
 
     from minisparse.grpo.distributed import init_distributed
     from minisparse.grpo.optim import TrainingStateOffload, build_train_engine
@@ -62,15 +62,8 @@ def test_state_offload_roundtrip_on_gpu():
         os.environ.setdefault("MASTER_PORT", str(s.getsockname()[1]))
     device = init_distributed()
     cfg = Config(zero_stage=2)
-    qcfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    engine = build_train_engine(Qwen2ForCausalLM(qcfg).to(device), cfg, 10, device)
+    model = tiny_qwen2(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1).to(device)
+    engine = build_train_engine(model, cfg, 10, device)
 
     def step():
         loss = engine(torch.arange(8, device=device)[None]).logits.float().pow(2).mean()

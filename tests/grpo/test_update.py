@@ -6,7 +6,7 @@ import socket
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from grpo_models import tiny_qwen2
 
 from minisparse.config import Config
 from minisparse.grpo.corrections import compute_corrections
@@ -54,19 +54,9 @@ def _cfg(**top) -> Config:
 def _engine(cfg: Config):
     from minisparse.grpo.optim import build_train_engine
 
-    torch.manual_seed(0)
-    qcfg = Qwen2Config(
-        vocab_size=50,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
-    qcfg._attn_implementation = "sdpa"
     return build_train_engine(
-        Qwen2ForCausalLM(qcfg), cfg, total_steps=10, device=torch.device("cpu")
+        tiny_qwen2(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1, max_positions=64),
+        cfg, total_steps=10, device=torch.device("cpu")
     )
 
 
