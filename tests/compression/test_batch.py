@@ -41,11 +41,12 @@ def test_batch_equals_rows(algorithm, selection, pooling, fill):
     assert kept.shape == (len(lengths), 2, BUDGET) and kept.dtype == torch.long
     for b, ((k, q), n) in enumerate(zip(rows, lengths)):
         single = policy.select(k, q)
-        if pooling == "avg":  # no plateaus: identical indices
-            assert torch.equal(kept[b], single), b
-        else:  # ties on max-pooling plateaus may be broken differently
-            ref = reference.scores(k, q, algorithm, pooling=pooling)
-            reference.check_selection(kept[b], ref, n, BUDGET, WINDOW, selection, 1e-6)
+        ref = reference.scores(k, q, algorithm, pooling=pooling)
+        # float32 scores of size ~1 agree with the float64 reference to ~1e-7 whatever the
+        # batch shape; 1e-6 leaves a 10x margin and still catches any wrong pick.
+        reference.check_selection(kept[b], ref, n, BUDGET, WINDOW, selection, 1e-6)
+        if pooling == "avg":  # no plateaus: the same picks, up to float near-ties
+            reference.assert_same_selection(kept[b], single, ref, selection, 1e-6)
 
 
 def test_chunking_does_not_change_results():
@@ -56,9 +57,14 @@ def test_chunking_does_not_change_results():
     whole = policy.select_batch(keys, queries, lengths)
     assert policy.rows_per_chunk(keys, queries, chunk_bytes=1) == 1
     assert policy.rows_per_chunk(keys, queries) >= len(lengths)
-    assert torch.equal(policy.select_batch(keys, queries, lengths, chunk_bytes=1), whole)
     small = RKV(budget=BUDGET, window=WINDOW, pooling="avg", chunk_bytes=1)
-    assert torch.equal(small.select_batch(keys, queries, lengths), whole)
+    # Chunks run the same float32 arithmetic on other batch shapes: the same picks up to
+    # near-ties within float32 rounding of the scores (1e-6, as above).
+    for chunked in (policy.select_batch(keys, queries, lengths, chunk_bytes=1),
+                    small.select_batch(keys, queries, lengths)):
+        for b, n in enumerate(lengths.tolist()):
+            ref = reference.scores(keys[b, :, :n], queries[b], "rkv", pooling="avg")
+            reference.assert_same_selection(chunked[b], whole[b], ref, "per_head", 1e-6)
 
 
 def test_chunk_size_follows_similarity_memory():

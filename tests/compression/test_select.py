@@ -43,7 +43,9 @@ def test_exact_indices_without_plateaus(algorithm):
     ref = reference.scores(keys, queries, algorithm, kernel_size=1)
     expected = ref.topk(BUDGET - WINDOW, dim=-1).indices
     expected = torch.cat([expected, torch.arange(70 - WINDOW, 70).expand(2, -1)], dim=-1)
-    assert torch.equal(kept, expected.sort(dim=-1).values)
+    # The float64 scores match the reference to ~1e-12 (test above), so indices may only
+    # differ between tokens whose scores are that close: with random inputs, none are.
+    reference.assert_same_selection(kept, expected.sort(dim=-1).values, ref, "per_head", 1e-12)
 
 
 def test_redundancy_changes_the_selection():
