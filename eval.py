@@ -48,7 +48,7 @@ def _add_protocol_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--benchmarks", default=None,
                    help="comma-separated; default: gsm8k,math500,minerva_math,olympiadbench,"
                         "aime24,amc23,gaokao2023en")
-    g.add_argument("--data-dir", help="folder with NAME/test.jsonl (default ../shared/data/eval)")
+    g.add_argument("--data-dir", help="folder with NAME/test.jsonl (default data/eval; see docs/eval.md)")
     g.add_argument("--limit", type=int, help="first N problems of each benchmark")
     g.add_argument("--max-new-tokens", type=int,
                    help="for every benchmark (default: 8192; 16384 on aime24, amc23)")

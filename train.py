@@ -34,7 +34,7 @@ import torch
 
 from minisparse.benchmarks import BenchmarkError, load_benchmarks
 from minisparse.config import Config, ConfigError, add_config_args, config_from_args, config_to_dict
-from minisparse.data import DataError
+from minisparse.data import DataError, require_data_file
 from minisparse.grpo import distributed as dist
 from minisparse.grpo.advantages import group_advantages
 from minisparse.grpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -95,8 +95,7 @@ def parse_args() -> tuple[Config, argparse.Namespace]:
 def check_inputs(cfg: Config) -> dict | None:
     """Input files that a run reads later must fail now, before any model is loaded: the
     training data, and the benchmarks of in-training evaluation (returned, read in full)."""
-    if cfg.data.path != "synthetic" and not os.path.isfile(cfg.data.path):
-        raise DataError(f"data.path: no such file: {cfg.data.path}")
+    require_data_file(cfg.data.path)
     if not cfg.eval_interval:
         return None
     return load_benchmarks(cfg.eval.benchmarks, cfg.eval.data_dir, cfg.eval.limit)

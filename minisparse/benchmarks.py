@@ -23,6 +23,15 @@ PAPER_BENCHMARKS: tuple[str, ...] = (
 )
 
 
+# Where the benchmark files come from (docs/eval.md); named when data_dir is missing.
+EVAL_DATA_HINT = (
+    "the files are examples/simplelr_math_eval/data/NAME/test.jsonl of "
+    "https://github.com/hkust-nlp/simpleRL-reason: git clone --depth 1 "
+    "https://github.com/hkust-nlp/simpleRL-reason && mkdir -p data && "
+    "cp -r simpleRL-reason/examples/simplelr_math_eval/data data/eval"
+)
+
+
 class BenchmarkError(ValueError):
     """A benchmark that cannot be evaluated: unknown name, missing file or malformed row."""
 
@@ -151,7 +160,8 @@ def load_benchmark(name: str, data_dir: str | Path, limit: int | None = None) ->
     spec = get_spec(name)
     path = benchmark_path(name, data_dir)
     if not path.is_file():
-        raise BenchmarkError(f"benchmark '{name}': file {path} not found")
+        hint = "" if Path(data_dir).is_dir() else f" (no directory {data_dir}; {EVAL_DATA_HINT})"
+        raise BenchmarkError(f"benchmark '{name}': file {path} not found{hint}")
     problems: list[Problem] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

@@ -102,7 +102,7 @@ class LossConfig:
 @dataclass
 class EvalConfig:
     benchmarks: list[str] = field(default_factory=list)  # empty: the paper's seven
-    data_dir: str = "../shared/data/eval"
+    data_dir: str = "data/eval"  # NAME/test.jsonl per benchmark; see docs/eval.md
     limit: int | None = None
     max_new_tokens: int | None = None  # None: each benchmark's protocol value
     temperature: float = 0.8
@@ -137,6 +137,7 @@ class Config:
     seed: int = 42
     output_dir: str = "outputs/run"
     save_interval: int = 10
+    save_total_limit: int | None = None  # keep the newest N complete checkpoints; None: all
     eval_interval: int = 0  # 0: no evaluation during training
     resume: str = "auto"  # auto | never
     max_nonfinite_steps: int = 3
@@ -365,7 +366,7 @@ _POSITIVE = (
     "num_steps_per_rollout max_tokens_per_gpu data.max_prompt_len data.synthetic_size "
     "compress.budget compress.window compress.divide_length compress.kernel_size "
     "engine.page_size engine.max_num_seqs engine.max_prefill_tokens eval.max_new_tokens "
-    "eval.n_samples eval.limit compress.max_buffer"
+    "eval.n_samples eval.limit compress.max_buffer save_total_limit"
 ).split()
 _NON_NEGATIVE = (
     "seed save_interval eval_interval max_nonfinite_steps temperature eval.temperature "

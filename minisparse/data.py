@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from minisparse.config import DataConfig
@@ -32,6 +34,19 @@ class PromptRow:
     prompt_ids: list[int]
     label: str
     index: int  # row number in the source (0-based, blank lines not counted)
+
+
+def require_data_file(path: str) -> None:
+    """Fail before any model loads when the training file is missing, naming the command
+    that writes it (minisparse.download writes OUT/DATASET.jsonl)."""
+    if path == "synthetic" or os.path.isfile(path):
+        return
+    hint = ""
+    if path.endswith(".jsonl"):
+        where = Path(path)
+        hint = (f"; fetch it with: python -m minisparse.download --dataset {where.stem} "
+                f"--out {where.parent}/")
+    raise DataError(f"data.path: no such file: {path}{hint}")
 
 
 def _iter_records(path: str) -> Iterator[tuple[str, dict]]:
@@ -111,6 +126,7 @@ def _records(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
             yield f"<synthetic>:{i + 1}", {cfg.input_key: row["prompt"],
                                            cfg.label_key: row["label"]}
     else:
+        require_data_file(cfg.path)
         yield from _iter_records(cfg.path)
 
 
