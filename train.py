@@ -287,7 +287,14 @@ def save_phase(run: Run, rollout: int) -> None:
         "nonfinite_steps": run.nonfinite_steps,
         "world_size": dist.world_size(),
     }
-    save_checkpoint(run.cfg.output_dir, rollout, run.train_engine, run.tokenizer, state)
+    save_checkpoint(
+        run.cfg.output_dir,
+        rollout,
+        run.train_engine,
+        run.tokenizer,
+        state,
+        keep=run.cfg.save_total_limit,
+    )
 
 
 # --------------------------------------------------------------------------------- loop

@@ -1,15 +1,19 @@
 """Checkpoints: an HF directory that from_pretrained loads, plus everything to resume.
 
 Layout of output_dir/checkpoints/rollout_000010/:
-  hf/                  config.json, model.safetensors, tokenizer files
-  ds/                  DeepSpeed state: weights, optimizer and LR-scheduler (per rank)
+  hf/                  config.json, model.safetensors (16-bit weights), tokenizer files
+  ds/                  DeepSpeed state per rank: fp32 master weights, Adam moments,
+                       LR scheduler (under ZeRO 1/2 without a third copy of the weights)
   trainer_state.json   rollout, optimizer step, data position, non-finite step count
   rng_rank{r}.pt       python / torch (/ CUDA) RNG states of each rank
   COMPLETE             written last
 
 A checkpoint is written into .tmp_rollout_XXXXXX, every file fsynced, the marker added,
 then renamed into place (atomic on one file system). A run killed mid-save leaves only
-a .tmp_ directory, which resume ignores and the next save removes.
+a .tmp_ directory, which resume ignores and the next save removes. Checkpoints are
+deleted the same way round: renamed to .del_rollout_XXXXXX first, then removed, so a
+half-deleted one is never taken for a complete one. With save_total_limit N, a save
+deletes older checkpoints only after the new one is complete, and keeps N in all.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,19 +77,91 @@ def _hf_state_dict(train_engine) -> dict[str, torch.Tensor] | None:
     return None  # save_pretrained reads the module's own (unsharded) weights
 
 
+def _masters_hold_weights(train_engine) -> bool:
+    """ZeRO 1/2 keep fp32 master weights in the optimizer state that DeepSpeed saves, and
+    restore them on load; the 16-bit module weights are their rounded copy."""
+    return train_engine.zero_optimization_stage() in (1, 2)
+
+
+@contextmanager
+def _module_weights_left_out(train_engine) -> Iterator[None]:
+    """DeepSpeed writes the module's 16-bit weights into ds/ next to the fp32 masters, a
+    third copy after hf/ (2 bytes per parameter of 16). Under ZeRO 1/2 leave parameters
+    out of that file (buffers stay); load_checkpoint rebuilds them from the masters."""
+    if not _masters_hold_weights(train_engine):
+        yield
+        return
+    names = {n for n, _ in train_engine.module.named_parameters(remove_duplicate=False)}
+    full_state_dict = train_engine.module_state_dict
+
+    def without_parameters(*args, **kwargs):
+        state = full_state_dict(*args, **kwargs)
+        return type(state)((k, v) for k, v in state.items() if k not in names)
+
+    train_engine.module_state_dict = without_parameters
+    try:
+        yield
+    finally:
+        del train_engine.module_state_dict  # the class's method again
+
+
+def _number(path: Path) -> int:
+    return int(NAME.match(path.name).group(1))
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under output_dir, oldest first."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if NAME.match(p.name) and (p / MARKER).is_file()]
+    return sorted(done, key=_number)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Rename out of the way (atomic), then delete: no half-deleted 'complete' checkpoint."""
+    doomed = path.with_name(f".del_{path.name}")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(path, doomed)
+    _fsync_dir(path.parent)
+    shutil.rmtree(doomed)
+
+
+def prune_checkpoints(output_dir: str | Path, keep: int | None, newest: Path) -> list[Path]:
+    """Delete complete checkpoints beyond the newest `keep` (None: keep all); `newest`,
+    the one just written, always stays, even when an older run left higher numbers.
+    Returns the deleted paths."""
+    if keep is None:
+        return []
+    if keep < 1:
+        raise ValueError(f"save_total_limit must be >= 1 or None, got {keep}")
+    others = [p for p in reversed(complete_checkpoints(output_dir)) if p != newest]
+    doomed = others[keep - 1:]
+    for path in doomed:
+        remove_checkpoint(path)
+    return doomed
+
+
 def save_checkpoint(
-    output_dir: str | Path, rollout: int, train_engine, tokenizer, trainer_state: dict[str, Any]
+    output_dir: str | Path,
+    rollout: int,
+    train_engine,
+    tokenizer,
+    trainer_state: dict[str, Any],
+    keep: int | None = None,
 ) -> Path:
-    """Write checkpoint `rollout` atomically (all ranks call this); returns its path."""
+    """Write checkpoint `rollout` atomically (all ranks call this), then delete all but
+    the newest `keep` complete ones; returns its path."""
     root = checkpoint_root(output_dir)
     final = root / f"rollout_{rollout:06d}"
     tmp = root / f".tmp_rollout_{rollout:06d}"
     if rank() == 0:
-        for stale in root.glob(".tmp_rollout_*"):
+        for stale in [*root.glob(".tmp_rollout_*"), *root.glob(".del_rollout_*")]:
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    train_engine.save_checkpoint(str(tmp / "ds"), tag="state", save_latest=False)
+    with _module_weights_left_out(train_engine):
+        train_engine.save_checkpoint(str(tmp / "ds"), tag="state", save_latest=False)
     torch.save(rng_state(), tmp / f"rng_rank{rank()}.pt")
     state_dict = _hf_state_dict(train_engine)
     barrier()
@@ -95,29 +173,34 @@ def save_checkpoint(
         (tmp / MARKER).write_text(f"rollout {rollout}\n")
         _fsync_tree(tmp)
         if final.exists():  # an older run's checkpoint of the same number
-            shutil.rmtree(final)
+            remove_checkpoint(final)
         os.replace(tmp, final)
         _fsync_dir(root)
+        prune_checkpoints(output_dir, keep, final)
     barrier()
     return final
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
     """The newest complete checkpoint under output_dir, or None."""
-    root = checkpoint_root(output_dir)
-    if not root.is_dir():
-        return None
-    done = [p for p in root.iterdir() if NAME.match(p.name) and (p / MARKER).is_file()]
-    return max(done, key=lambda p: int(NAME.match(p.name).group(1)), default=None)
+    done = complete_checkpoints(output_dir)
+    return done[-1] if done else None
 
 
 def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and this rank's RNG; returns trainer_state."""
+    masters = _masters_hold_weights(train_engine)
     load_path, _ = train_engine.load_checkpoint(
-        str(path / "ds"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
+        str(path / "ds"),
+        tag="state",
+        load_module_strict=not masters,  # parameters left out (_module_weights_left_out)
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
     )
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load the state in {path / 'ds'}")
+    if masters:  # DeepSpeed restores the fp32 masters; round them into the module
+        train_engine.optimizer.update_lp_params()
     rng_file = path / f"rng_rank{rank()}.pt"
     if rng_file.is_file():  # absent when resuming on more ranks than were saved
         set_rng_state(torch.load(rng_file, weights_only=False))
