@@ -2,12 +2,16 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from minisparse.grpo.checkpoint import complete_checkpoints, latest_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # entropy_coef > 0 gives every step a gradient even when the random tiny model earns no
@@ -71,24 +75,54 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _train_killed_after(out: Path, rows: int, *args: str, cache: Path) -> int:
+    """Start a run, SIGKILL it once metrics.jsonl holds `rows` rows; its return code."""
+    env = {**os.environ, "MINISPARSE_CACHE": str(cache), "MASTER_PORT": _free_port()}
+    cmd = [sys.executable, "train.py", *BASE, "--set", f"output_dir={out}", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 600
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= rows:
+                proc.kill()
+                break
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.wait()
+
+
+EVERY = ["--set", "num_rollout=5", "--set", "save_interval=1"]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, _minisparse_cache):
-    """(two rollouts then --resume to 3, three rollouts straight) output dirs."""
+    """(killed during rollout 3 or later, then --resume; straight) output dirs: 5 rollouts,
+    a checkpoint after each; the interrupted run keeps two (save_total_limit=2)."""
     base = tmp_path_factory.mktemp("train")
     resumed, straight = base / "resumed", base / "straight"
-    first = _train(resumed, "--set", "num_rollout=2", cache=_minisparse_cache)
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = _train(resumed, "--set", "num_rollout=3", "--resume", cache=_minisparse_cache)
+    limit = [*EVERY, "--set", "save_total_limit=2"]
+    assert _train_killed_after(resumed, 2, *limit, cache=_minisparse_cache) == -signal.SIGKILL
+    newest = latest_checkpoint(resumed)
+    assert newest is not None  # rollout 1's save completes before row 2 is logged
+    # a later save killed before its marker, and one killed before its rename
+    torn = resumed / "checkpoints" / "rollout_000009"
+    (torn / "hf").mkdir(parents=True)
+    (torn / "trainer_state.json").write_text('{"rollout": 9}')
+    (resumed / "checkpoints" / ".tmp_rollout_000010").mkdir()
+    second = _train(resumed, *limit, "--resume", cache=_minisparse_cache)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stdout
-    third = _train(straight, "--set", "num_rollout=3", cache=_minisparse_cache)
+    assert f"resumed from {newest} " in second.stdout
+    third = _train(straight, *EVERY, cache=_minisparse_cache)
     assert third.returncode == 0, third.stderr[-3000:]
     return resumed, straight
 
 
 def test_metrics_rows_have_every_key(runs):
     rows = _rows(runs[1])
-    assert [r["rollout"] for r in rows] == [1, 2, 3]
+    assert [r["rollout"] for r in rows] == [1, 2, 3, 4, 5]
     missing = [k for k in REQUIRED_KEYS if k not in rows[0]]
     assert not missing
     assert rows[0]["train/step"] == 2.0 and rows[2]["train/step"] == 6.0  # 2 steps/rollout
@@ -98,21 +132,48 @@ def test_metrics_rows_have_every_key(runs):
 def test_hf_checkpoint_loads(runs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ckpt = runs[0] / "checkpoints" / "rollout_000002"
+    ckpt = runs[0] / "checkpoints" / "rollout_000005"
     assert (ckpt / "COMPLETE").is_file()
     model = AutoModelForCausalLM.from_pretrained(ckpt / "hf", local_files_only=True)
     AutoTokenizer.from_pretrained(ckpt / "hf", local_files_only=True)
     assert model.config.model_type == "qwen2"
 
 
-def test_resume_continues_at_rollout_3_with_same_data_and_weights(runs):
+def test_killed_run_resumes_with_same_prompts_weights_and_metrics(runs):
+    """Every row of the interrupted-and-resumed run equals the straight run's: one row per
+    rollout (rows after the checkpoint were dropped and redone), same prompts and weights."""
     resumed, straight = (_rows(d) for d in runs)
-    assert [r["rollout"] for r in resumed] == [1, 2, 3]
-    a, b = resumed[2], straight[2]
-    same = {k: a[k] for k in a if not k.startswith(VOLATILE)}
-    assert same == {k: b[k] for k in same}
-    state = lambda d: json.loads((d / "checkpoints/rollout_000003/trainer_state.json").read_text())
+    assert [r["rollout"] for r in resumed] == [1, 2, 3, 4, 5]
+    for a, b in zip(resumed, straight):
+        same = {k: a[k] for k in a if not k.startswith(VOLATILE)}
+        assert same == {k: b[k] for k in same}, a["rollout"]
+    state = lambda d: json.loads((d / "checkpoints/rollout_000005/trainer_state.json").read_text())
     assert state(runs[0])["sampler"] == state(runs[1])["sampler"]
+
+
+def test_save_total_limit_keeps_the_newest_complete_checkpoints(runs):
+    resumed, straight = runs
+    assert [p.name for p in complete_checkpoints(resumed)] == ["rollout_000004", "rollout_000005"]
+    leftovers = sorted(p.name for p in (resumed / "checkpoints").iterdir())
+    assert leftovers == ["rollout_000004", "rollout_000005", "rollout_000009"]  # torn one stays
+    assert len(complete_checkpoints(straight)) == 5  # no limit: every checkpoint kept
+
+
+def test_checkpoint_holds_each_weight_copy_once(runs):
+    """hf/ has the weights, ds/ the fp32 masters and moments; DeepSpeed's module file keeps
+    no parameters (resume rebuilds them from the masters: the test above)."""
+    import torch
+
+    ds = runs[0] / "checkpoints" / "rollout_000005" / "ds" / "state"
+    module = torch.load(ds / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    assert not [k for k in module if k.endswith((".weight", ".bias"))]
+    optim = torch.load(ds / "zero_pp_rank_0_mp_rank_00_optim_states.pt", weights_only=False)
+    masters = optim["optimizer_state_dict"]["single_partition_of_fp32_groups"]
+    hf = runs[0] / "checkpoints" / "rollout_000005" / "hf" / "model.safetensors"
+    from safetensors.torch import load_file
+
+    weights = load_file(hf)
+    assert sum(m.numel() for m in masters) == sum(w.numel() for w in weights.values())
 
 
 def test_nonfinite_steps_stop_the_run(tmp_path, _minisparse_cache):

@@ -89,15 +89,21 @@ class MetricsLogger:
                 )
 
     def drop_after(self, rollout: int) -> None:
-        """On resume: forget rows of rollouts after the checkpoint (they are redone)."""
+        """On resume: forget rows of rollouts after the checkpoint (they are redone), and a
+        torn last line of a killed run. Rewritten through a temporary file and a rename."""
         if not self.enabled or not self.path.is_file():
             return
-        rows = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line)["rollout"] <= rollout
-        ]
-        self.path.write_text("".join(row + "\n" for row in rows))
+        rows = []
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a write cut short by the kill
+            if isinstance(row, dict) and row.get("rollout", math.inf) <= rollout:
+                rows.append(line)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(row + "\n" for row in rows))
+        tmp.replace(self.path)
 
     def log(self, rollout: int, metrics: dict[str, float]) -> None:
         if not self.enabled:

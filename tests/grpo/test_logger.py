@@ -19,6 +19,20 @@ def test_jsonl_rows_and_drop_after(tmp_path):
     assert any((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
+def test_drop_after_skips_a_torn_last_line(tmp_path):
+    """A run killed in the middle of a write leaves half a row; resume drops it."""
+    log = MetricsLogger(tmp_path, {}, None, tensorboard=False, wandb=False, wandb_project="x")
+    for r in (1, 2):
+        log.log(r, {"a": float(r)})
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"rollout": 3, "a": 3.')
+    log.drop_after(2)
+    log.log(3, {"a": 30.0})
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["rollout"], r["a"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def test_disabled_logger_writes_nothing(tmp_path):
     log = MetricsLogger(
         tmp_path / "x", {}, None, tensorboard=True, wandb=False, wandb_project="x", enabled=False
