@@ -109,8 +109,15 @@ def test_names_default_and_dedup():
 
 
 def test_missing_file_names_path(tmp_path):
-    with pytest.raises(BenchmarkError, match=r"'amc23': file .*amc23/test.jsonl not found"):
+    with pytest.raises(BenchmarkError, match=r"'amc23': file .*amc23/test.jsonl not found$"):
         load_benchmarks(["amc23"], tmp_path)
+
+
+def test_missing_data_dir_says_where_the_files_come_from(tmp_path):
+    with pytest.raises(BenchmarkError) as info:
+        load_benchmarks(["amc23"], tmp_path / "eval")
+    assert f"(no directory {tmp_path / 'eval'}; " in str(info.value)
+    assert "simpleRL-reason/examples/simplelr_math_eval/data data/eval" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ def test_qwen3b_rkv_has_paper_settings():
     assert (c.max_response_len, c.temperature) == (4096, 1.0)
     assert (c.global_batch_size, c.num_steps_per_rollout, c.max_tokens_per_gpu) == (256, 4, 8192)
     assert (c.model.dtype, c.zero_stage, c.save_interval) == ("bfloat16", 2, 10)
-    assert c.data.path.endswith("train/simplelr_qwen_level3to5.jsonl") and c.data.shuffle
+    assert c.data.path == "data/simplelr_qwen_level3to5.jsonl" and c.data.shuffle
     assert (c.data.input_key, c.data.label_key) == ("prompt", "label")
     assert (c.loss.advantage, c.loss.kl_type, c.loss.kl_coef) == ("grpo", "low_var_kl", 1e-4)
     assert (c.loss.entropy_coef, c.loss.eps_clip) == (0.0, 0.2)
@@ -65,7 +65,20 @@ def test_variants_differ_from_qwen3b_rkv_only_where_intended():
     assert diff("qwen3b_snapkv") == {"compress.algorithm", "output_dir"}
     assert diff("qwen7b_rkv") == {"model.path", "output_dir"}
     assert diff("llama1b_rkv") == {"model.path", "output_dir", "data.path"}
-    assert load_config("llama1b_rkv").data.path.endswith("train/simplelr_level3to5.jsonl")
+    assert load_config("llama1b_rkv").data.path == "data/simplelr_level3to5.jsonl"
+
+
+PAPER = [name for name in SHIPPED if not name.startswith("tiny")]
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_paper_configs_keep_two_checkpoints_and_read_data_dir(name):
+    """Data where `python -m minisparse.download --out data/` writes it, inside the
+    checkout (test_download checks the file name); older checkpoints are deleted."""
+    cfg = load_config(name)
+    assert cfg.save_total_limit == 2
+    assert cfg.data.path.startswith("data/") and cfg.data.path.endswith(".jsonl")
+    assert Config().save_total_limit is None  # the default keeps every checkpoint
 
 
 def test_overrides_parse_types():
@@ -95,6 +108,7 @@ def test_overrides_parse_types():
     ("loss.tis_mode=cap", "'loss.tis_mode' must be one of truncate, clip, mask"),
     ("resume=always", "'resume' must be one of auto, never"),
     ("compress.window=0", "'compress.window' must be >= 1, got 0"),
+    ("save_total_limit=0", "'save_total_limit' must be >= 1, got 0"),
     ("zero_stage=4", "'zero_stage' must be 0, 1, 2 or 3, got 4"),
     ("top_p=0", "'top_p' must be in (0, 1], got 0"),
     ("temperature=-0.1", "'temperature' must be >= 0, got -0.1"),

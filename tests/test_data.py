@@ -86,8 +86,15 @@ def test_bad_rows_name_file_and_line(tmp_path, tok, line, message):
 
 def test_unreadable_and_empty_files(tmp_path, tok):
     missing = str(tmp_path / "missing.jsonl")
-    with pytest.raises(DataError, match="cannot read dataset file .*missing.jsonl"):
+    with pytest.raises(DataError) as info:
         load_prompts(DataConfig(path=missing), tok)
+    assert str(info.value) == (
+        f"data.path: no such file: {missing}; fetch it with: "
+        f"python -m minisparse.download --dataset missing --out {tmp_path}/"
+    )
+    (tmp_path / "folder.jsonl").mkdir()
+    with pytest.raises(DataError, match="no such file: .*folder.jsonl"):
+        load_prompts(DataConfig(path=str(tmp_path / "folder.jsonl")), tok)
     (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00garbage\n")
     with pytest.raises(DataError, match="bin.jsonl"):
         load_prompts(DataConfig(path=str(tmp_path / "bin.jsonl")), tok)

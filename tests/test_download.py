@@ -42,6 +42,29 @@ def test_parquet_dir_layout_to_jsonl(tmp_path, capsys):
     assert [r.label for r in loaded] == ["7", "\\frac{1}{2}", "4"]
 
 
+@pytest.mark.parametrize("config", ["qwen3b_rkv", "llama1b_rkv"])
+def test_paper_config_reads_what_the_download_command_writes(tmp_path, monkeypatch, config):
+    """`--dataset NAME --out data/` (run in the checkout) writes the config's data.path,
+    and that path, missing, names this very command."""
+    import pandas as pd
+
+    from minisparse.config import load_config
+    from minisparse.data import DataError, require_data_file
+
+    path = load_config(config).data.path
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as info:
+        require_data_file(path)
+    command = str(info.value).split("fetch it with: ")[1]
+    argv = command.split()[3:]  # after "python -m minisparse.download"
+    subset = tmp_path / "src" / argv[argv.index("--dataset") + 1]
+    subset.mkdir(parents=True)
+    pd.DataFrame(ROWS).to_parquet(subset / "train.parquet")
+    assert download.main([*argv, "--source", str(tmp_path / "src")]) == 0
+    require_data_file(path)
+    assert len(read_jsonl(tmp_path / path)) == len(ROWS)
+
+
 def test_json_file_with_chat_prompts_and_explicit_fields(tmp_path):
     src = tmp_path / "train.jsonl"
     messages = [{"role": "user", "content": "What is 6 * 7?"}]

@@ -200,7 +200,8 @@ def test_bad_paths_fail_before_training(tmp_path, _minisparse_cache):
     res = _train(
         tmp_path / "d", "--set", "data.path=/nonexistent/data.jsonl", cache=_minisparse_cache
     )
-    assert res.returncode == 2 and "/nonexistent/data.jsonl" in res.stderr
+    assert res.returncode == 2 and "no such file: /nonexistent/data.jsonl" in res.stderr
+    assert "python -m minisparse.download --dataset data --out /nonexistent/" in res.stderr
     assert not (tmp_path / "m" / "metrics.jsonl").exists()
 
 
