@@ -257,26 +257,25 @@ def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
 
 
 def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
-    """Benchmarks of cfg.eval with the current weights (rank 0; the others wait)."""
-    from minisparse.evaluation import evaluate, flat_metrics
+    """Benchmarks of cfg.eval with the current weights, each split over all ranks."""
+    from minisparse.evaluation import Shard, evaluate, flat_metrics
 
     rollout_memory(run.offload, run.llm, run.device)
-    if dist.rank() == 0:
-        with rollout_weights(run.train_engine):
-            run.llm.update_weights(run.train_engine.module)
-            summary = evaluate(
-                run.llm,
-                run.tokenizer,
-                run.cfg.eval,
-                os.path.join(run.cfg.output_dir, "eval", f"rollout_{rollout:06d}"),
-                seed=run.cfg.seed,
-                overwrite=True,
-                problems=run.eval_problems,
-                progress=False,
-                log=lambda _: None,
-            )
-        metrics.update(flat_metrics(summary))
-    dist.barrier()
+    with rollout_weights(run.train_engine):
+        run.llm.update_weights(run.train_engine.module)
+        summary = evaluate(
+            run.llm,
+            run.tokenizer,
+            run.cfg.eval,
+            os.path.join(run.cfg.output_dir, "eval", f"rollout_{rollout:06d}"),
+            seed=run.cfg.seed,
+            overwrite=True,
+            problems=run.eval_problems,
+            progress=False,
+            log=lambda _: None,
+            shard=Shard(dist.rank(), dist.world_size(), dist.all_gather_object),
+        )
+    metrics.update(flat_metrics(summary))
 
 
 def save_phase(run: Run, rollout: int) -> None:

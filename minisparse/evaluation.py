@@ -15,7 +15,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,28 @@ PROMPT_TEMPLATES = ("boxed", "chat")
 
 class ResultsMismatchError(ValueError):
     """The output directory holds finished results made with different settings."""
+
+
+def _alone(obj: Any) -> list[Any]:
+    return [obj]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of an evaluation split over `world` processes (train.py's
+    ranks): a contiguous block of each benchmark's problems, sampled with the seeds they
+    have in one whole call, then gathered in rank order, so every rank ends with the
+    records and scores a single process would have. Only rank 0 writes files."""
+
+    rank: int = 0
+    world: int = 1
+    gather: Callable[[Any], list[Any]] = _alone  # every rank's object, in rank order
+
+    def bounds(self, count: int) -> tuple[int, int]:
+        """[start, end) of this rank's block of `count` items (sizes differ by <= 1)."""
+        base, extra = divmod(count, self.world)
+        start = self.rank * base + min(self.rank, extra)
+        return start, start + base + int(self.rank < extra)
 
 
 # ------------------------------------------------------------------------------ prompts
@@ -134,13 +156,15 @@ def _record(problem: Problem, out: Any, response: str, grade: Any) -> dict:
     return record
 
 
-def run_benchmark(
+def _generate_and_grade(
     engine: Any, tokenizer: Any, problems: Sequence[Problem], params: Any,
-    template: str, progress: bool = True,
+    template: str, progress: bool,
 ) -> tuple[list[dict], dict]:
-    """Generate n samples per problem, grade them; (per-sample records, timing stats)."""
+    """One process's problems: n samples each, graded; (records, timing stats)."""
     from minisparse.reward import grade_batch
 
+    if not problems:  # more ranks than problems
+        return [], {"generation_s": 0.0, "generated_tokens": 0, "grading_s": 0.0, "engine": {}}
     prompts = [prompt_token_ids(tokenizer, p.question, template) for p in problems]
     start = time.perf_counter()
     outs = engine.generate(prompts, params, progress=progress)
@@ -151,14 +175,39 @@ def run_benchmark(
     grade_s = time.perf_counter() - start
     records = [_record(problems[o.prompt_index], o, r, g)
                for o, r, g in zip(outs, responses, grades)]
-    tokens = sum(r["tokens"] for r in records)
+    timing = {
+        "generation_s": gen_s,
+        "generated_tokens": sum(r["tokens"] for r in records),
+        "grading_s": grade_s,
+        "engine": _stats_dict(getattr(engine, "last_stats", None)),
+    }
+    return records, timing
+
+
+def run_benchmark(
+    engine: Any, tokenizer: Any, problems: Sequence[Problem], params: Any,
+    template: str, progress: bool = True, shard: Shard = Shard(),
+) -> tuple[list[dict], dict]:
+    """Generate n samples per problem, grade them; (per-sample records, timing stats).
+    Split over shard.world processes, each generates and grades its block (every rank
+    calls this); the wall time is the slowest rank's, the engine stats rank 0's."""
+    start, end = shard.bounds(len(problems))
+    params = replace(params, seed_offset=params.seed_offset + start * params.n)
+    parts = shard.gather(
+        _generate_and_grade(engine, tokenizer, problems[start:end], params, template, progress)
+    )
+    records = [r for part, _ in parts for r in part]
+    gen_s = max(t["generation_s"] for _, t in parts)
+    tokens = sum(t["generated_tokens"] for _, t in parts)
     timing = {
         "generation_s": gen_s,
         "generated_tokens": tokens,
         "tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0,
-        "grading_s": grade_s,
-        "engine": _stats_dict(getattr(engine, "last_stats", None)),
+        "grading_s": max(t["grading_s"] for _, t in parts),
+        "engine": parts[0][1]["engine"],
     }
+    if shard.world > 1:
+        timing["ranks"] = shard.world
     return records, timing
 
 
@@ -253,16 +302,16 @@ def _plan(
 
 def _score_benchmark(
     engine: Any, tokenizer: Any, eval_cfg: Any, problems: list[Problem], bench_settings: dict,
-    bench_dir: Path | None, progress: bool,
+    bench_dir: Path | None, progress: bool, shard: Shard,
 ) -> dict:
-    """Generate, grade and (with a folder) write one benchmark; its metrics."""
+    """Generate, grade and (with a folder, on rank 0) write one benchmark; its metrics."""
     n, max_new = bench_settings["n_samples"], bench_settings["max_new_tokens"]
     params = _sampling_params(eval_cfg, n, max_new, bench_settings["seed"])
     records, timing = run_benchmark(
-        engine, tokenizer, problems, params, eval_cfg.prompt_template, progress
+        engine, tokenizer, problems, params, eval_cfg.prompt_template, progress, shard
     )
     metrics = {"n_samples": n, "max_new_tokens": max_new, **sample_metrics(records, n), **timing}
-    if bench_dir is not None:
+    if bench_dir is not None and shard.rank == 0:
         result = {"settings": bench_settings, "metrics": metrics}
         write_benchmark_results(bench_dir, records, result)
     return metrics
@@ -272,7 +321,7 @@ def evaluate(
     engine: Any, tokenizer: Any, eval_cfg: Any, output_dir: str | Path | None = None, *,
     settings: dict | None = None, seed: int | None = None, overwrite: bool = False,
     progress: bool = True, problems: dict[str, list[Problem]] | None = None,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, shard: Shard = Shard(),
 ) -> dict:
     """Score eval_cfg.benchmarks (empty: the paper's seven) with `engine`; the summary dict.
 
@@ -280,6 +329,7 @@ def evaluate(
     a finished benchmark in output_dir to be reused. `problems` skips re-reading files
     that the caller already validated. n_samples / max_new_tokens of None in eval_cfg
     select the per-benchmark protocol (32 samples and 16,384 tokens for aime24, amc23).
+    With a Shard every rank calls this and gets the same summary (see Shard).
     """
     check_prompt_template(tokenizer, eval_cfg.prompt_template)
     if problems is None:
@@ -299,13 +349,13 @@ def evaluate(
         log(f"[{name}] {len(problems[name])} problems x {bench_settings['n_samples']} samples, "
             f"<= {bench_settings['max_new_tokens']} new tokens")
         results[name] = _score_benchmark(engine, tokenizer, eval_cfg, problems[name],
-                                         bench_settings, bench_dir, progress)
+                                         bench_settings, bench_dir, progress, shard)
     summary = {
         "settings": common,
         "benchmarks": results,
         "average_accuracy": sum(m["accuracy"] for m in results.values()) / max(len(results), 1),
     }
-    if output_dir is not None:
+    if output_dir is not None and shard.rank == 0:
         write_json(Path(output_dir) / "summary.json", summary)
     return summary
 

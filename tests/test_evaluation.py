@@ -185,3 +185,87 @@ def test_truncation_and_protocol_override(tokenizer):
     assert engine.calls == [(2, 4, 3)]
     assert m["truncated_fraction"] == 0.5 and m["max_new_tokens"] == 3
     assert m["mean_response_tokens"] <= 3
+
+
+# ---------------------------------------------------------------- split over ranks
+
+
+def test_shard_bounds_cover_every_item_once():
+    from minisparse.evaluation import Shard
+
+    assert [Shard(r, 2).bounds(5) for r in range(2)] == [(0, 3), (3, 5)]
+    assert [Shard(r, 3).bounds(1) for r in range(3)] == [(0, 1), (1, 1), (1, 1)]
+    assert [Shard(r, 4).bounds(8) for r in range(4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert Shard().bounds(7) == (0, 7)
+
+
+def _eval_engine(tiny_path):
+    import torch
+
+    from minisparse.engine import EngineArgs, LLMEngine
+    from minisparse.models import load_policy
+
+    model, tok = load_policy(str(tiny_path), "float32", "cpu")
+    torch.manual_seed(0)
+    args = EngineArgs(page_size=4, kv_cpu_memory_gb=0.05, max_num_seqs=32,
+                      max_prefill_tokens=2048, cuda_graphs=False, device="cpu")
+    return LLMEngine(model, tok, args), tok
+
+
+SPLIT_CFG = dict(benchmarks=["gsm8k", "amc23"], n_samples=3, max_new_tokens=12)
+
+
+def _split_problems():
+    """5 gsm8k problems (split 3 + 2) and one amc23 problem (rank 1 gets none)."""
+    gsm8k = [Problem("gsm8k", i, f"What is {i} + {i + 2}?", str(2 * i + 2)) for i in range(5)]
+    return {"gsm8k": gsm8k, "amc23": [Problem("amc23", 0, "What is 6 * 7?", "42")]}
+
+
+def _split_worker(rank, world, init_file, tiny_path, out_dir):
+    import pickle
+
+    import torch.distributed as tdist
+
+    from minisparse.evaluation import Shard
+    from minisparse.grpo.distributed import all_gather_object
+
+    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                             world_size=world)
+    try:
+        engine, tok = _eval_engine(tiny_path)
+        summary = evaluate(engine, tok, _eval_cfg(**SPLIT_CFG), out_dir / "split", seed=11,
+                           problems=_split_problems(), progress=False, log=lambda s: None,
+                           shard=Shard(rank, world, all_gather_object))
+        (out_dir / f"summary_rank{rank}.pkl").write_bytes(pickle.dumps(summary))
+    finally:
+        tdist.destroy_process_group()
+
+
+TIMING = ("generation_s", "tokens_per_s", "grading_s", "engine", "ranks")
+
+
+def _scores(summary):
+    return {name: {k: v for k, v in m.items() if k not in TIMING}
+            for name, m in summary["benchmarks"].items()}
+
+
+def test_two_gloo_ranks_score_like_one_process(tiny_path, tmp_path):
+    """Each of 2 ranks generates its block of each benchmark; the gathered samples and
+    scores equal one process's on the same seeds, on both ranks; rank 0 alone writes."""
+    import pickle
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_split_worker, args=(2, str(tmp_path / "init"), tiny_path, tmp_path), nprocs=2)
+    engine, tok = _eval_engine(tiny_path)
+    whole = evaluate(engine, tok, _eval_cfg(**SPLIT_CFG), tmp_path / "whole", seed=11,
+                     problems=_split_problems(), progress=False, log=lambda s: None)
+    ranks = [pickle.loads((tmp_path / f"summary_rank{r}.pkl").read_bytes()) for r in (0, 1)]
+    assert _scores(ranks[0]) == _scores(ranks[1]) == _scores(whole)
+    assert ranks[0]["benchmarks"]["gsm8k"]["ranks"] == 2
+    assert _scores(whole)["gsm8k"]["samples"] == 15
+    assert _scores(whole)["gsm8k"]["mean_response_tokens"] > 0
+    for name in ("gsm8k", "amc23"):
+        split = (tmp_path / "split" / name / "samples.jsonl").read_text()
+        assert split == (tmp_path / "whole" / name / "samples.jsonl").read_text()
+    assert ranks[0]["average_accuracy"] == whole["average_accuracy"]

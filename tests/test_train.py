@@ -215,33 +215,37 @@ def test_bad_eval_benchmark_fails_before_training(tmp_path, _minisparse_cache):
     assert not (out / "metrics.jsonl").exists()
 
 
-def test_eval_metrics_logged_with_training(tmp_path, _minisparse_cache, shared_data):
+@pytest.fixture(scope="module")
+def eval_dir(tmp_path_factory) -> Path:
+    """Three made-up gsm8k rows in the harness layout (DIR/gsm8k/test.jsonl)."""
+    d = tmp_path_factory.mktemp("eval-data")
+    rows = [{"question": f"Tom has {i} pens and buys 2 more. How many pens?",
+             "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"} for i in range(3)]
+    (d / "gsm8k").mkdir()
+    (d / "gsm8k" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def _eval_args(eval_dir: Path) -> list[str]:
+    keys = ["eval_interval=1", "eval.benchmarks=gsm8k", "eval.max_new_tokens=8",
+            "eval.n_samples=2", f"eval.data_dir={eval_dir}"]
+    return [arg for key in keys for arg in ("--set", key)]
+
+
+def test_eval_metrics_logged_with_training(tmp_path, _minisparse_cache, eval_dir):
     out = tmp_path / "eval"
-    res = _train(
-        out,
-        "--set",
-        "num_rollout=1",
-        "--set",
-        "save_interval=0",
-        "--set",
-        "eval_interval=1",
-        "--set",
-        "eval.benchmarks=gsm8k",
-        "--set",
-        "eval.limit=2",
-        "--set",
-        "eval.max_new_tokens=8",
-        "--set",
-        f"eval.data_dir={shared_data / 'eval'}",
-        cache=_minisparse_cache,
-    )
+    res = _train(out, "--set", "num_rollout=1", "--set", "save_interval=0",
+                 *_eval_args(eval_dir), cache=_minisparse_cache)
     assert res.returncode == 0, res.stderr[-3000:]
     row = _rows(out)[0]
     assert row["eval/gsm8k/mean_response_tokens"] <= 8.0 and "eval/average_accuracy" in row
     assert not (out / "checkpoints").exists()  # save_interval 0: no checkpoints
 
 
-def test_two_ranks_gloo(tmp_path, _minisparse_cache):
+def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
+    """Two ranks train and split the evaluation (2 + 1 problems); rank 0 writes the
+    gathered samples in problem order (tests/test_evaluation.py checks that the split
+    scores equal one process's)."""
     out = tmp_path / "ddp"
     env = {**os.environ, "MINISPARSE_CACHE": str(_minisparse_cache)}
     cmd = [
@@ -258,6 +262,7 @@ def test_two_ranks_gloo(tmp_path, _minisparse_cache):
         "num_rollout=1",
         "--set",
         f"output_dir={out}",
+        *_eval_args(eval_dir),
     ]
     res = subprocess.run(
         cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
@@ -271,6 +276,14 @@ def test_two_ranks_gloo(tmp_path, _minisparse_cache):
     ckpt = out / "checkpoints" / "rollout_000001"
     assert (ckpt / "COMPLETE").is_file()
     assert (ckpt / "rng_rank0.pt").is_file() and (ckpt / "rng_rank1.pt").is_file()
+    samples = (out / "eval" / "rollout_000001" / "gsm8k" / "samples.jsonl").read_text()
+    records = [json.loads(line) for line in samples.splitlines()]
+    assert [(r["problem_index"], r["sample_index"]) for r in records] == [
+        (p, s) for p in range(3) for s in range(2)
+    ]
+    metrics = json.loads((out / "eval" / "rollout_000001" / "gsm8k" / "metrics.json").read_text())
+    assert metrics["metrics"]["ranks"] == 2
+    assert rows[0]["eval/gsm8k/mean_response_tokens"] == metrics["metrics"]["mean_response_tokens"]
 
 
 def test_batch_sizes_must_split_over_ranks():

@@ -50,6 +50,9 @@ class SamplingParams:
     max_new_tokens: int = 256
     n: int = 1
     seed: int | None = None
+    # Samples are seeded as if this call's came after seed_offset others of one seeded
+    # call, so a batch split over processes samples what it would have sampled whole.
+    seed_offset: int = 0
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
 

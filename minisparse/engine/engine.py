@@ -100,7 +100,8 @@ class LLMEngine:
         for p, prompt in enumerate(prompt_token_ids):
             for j in range(params.n):
                 index = p * params.n + j
-                seq = Sequence(index, p, j, list(prompt), len(prompt), seed_for(base_seed, index))
+                seed = seed_for(base_seed, params.seed_offset + index)
+                seq = Sequence(index, p, j, list(prompt), len(prompt), seed)
                 seqs.append(seq)
                 if not prompt or len(prompt) >= self.pool.max_model_len:
                     seq.finish_reason = "abort"

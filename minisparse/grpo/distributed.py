@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,9 +47,9 @@ def init_distributed() -> torch.device:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        # Generous: in-training evaluation runs on rank 0 while the other ranks wait at a
-        # barrier, and the paper's seven benchmarks take hours on one GPU (eval.limit
-        # keeps in-training evaluation short).
+        # Generous: in-training evaluation gathers each benchmark from all ranks, and
+        # the paper's seven benchmarks take hours (eval.limit keeps it short); a rank
+        # that finishes its share first waits for the slowest.
         dist.init_process_group(backend, timeout=timedelta(hours=6))
     return device
 
@@ -67,6 +68,15 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     work = tensor.detach().to(_comm_device()).clone()
     dist.all_reduce(work, op=ops[op])
     return work.to(tensor.device)
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's picklable obj, in rank order; [obj] single-process."""
+    if not is_distributed():
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def barrier() -> None:
