@@ -22,6 +22,19 @@ def test_seeded_runs_reproduce_and_ignore_batch_composition(qwen2):
     assert [o.token_ids for o in other] != [o.token_ids for o in a]
 
 
+def test_seed_offset_samples_a_split_batch_like_the_whole(qwen2):
+    """Prompts 2..3 alone, offset by the 2 x n samples before them, sample what they
+    sample in the whole call (how evaluation splits a benchmark over ranks)."""
+    engine = make_engine(qwen2)
+    ps = prompts(4)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, n=2, seed=11, ignore_eos=True)
+    whole = engine.generate(ps, params)
+    tail = engine.generate(ps[2:], SamplingParams(temperature=1.0, max_new_tokens=12, n=2,
+                                                  seed=11, ignore_eos=True, seed_offset=4))
+    assert [o.token_ids for o in tail] == [o.token_ids for o in whole[4:]]
+    assert [o.token_ids for o in engine.generate(ps[2:], params)] != [o.token_ids for o in tail]
+
+
 def test_top_k_one_is_greedy_with_untruncated_logprobs(model):
     engine = make_engine(model)
     ps = prompts(3)
