@@ -37,7 +37,12 @@ from minisparse.config import Config, ConfigError, add_config_args, config_from_
 from minisparse.data import DataError, require_data_file
 from minisparse.grpo import distributed as dist
 from minisparse.grpo.advantages import group_advantages
-from minisparse.grpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from minisparse.grpo.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.logger import MetricsLogger, reduce_metrics, summary_line
 from minisparse.grpo.logprobs import batch_logprobs
@@ -356,7 +361,7 @@ def main() -> None:
     cfg, args = parse_args()
     try:
         run = setup(cfg, resume_required=args.resume)
-    except (ConfigError, DataError, BenchmarkError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, BenchmarkError, CheckpointError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     try:

@@ -30,9 +30,14 @@ from typing import Any
 
 import torch
 
-from minisparse.grpo.distributed import barrier, rank
+from minisparse.grpo.distributed import barrier, rank, world_size
 
 MARKER = "COMPLETE"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint this run cannot continue from (said before DeepSpeed touches it)."""
+
 NAME = re.compile(r"^rollout_(\d{6})$")
 
 
@@ -189,6 +194,14 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and this rank's RNG; returns trainer_state."""
+    state = json.loads((path / "trainer_state.json").read_text())
+    saved_world = state.get("world_size", world_size())
+    if saved_world != world_size():
+        raise CheckpointError(
+            f"{path} was saved by {saved_world} processes and this run has {world_size()}: "
+            f"ZeRO optimizer states are sharded per rank, so resume with "
+            f"torchrun --nproc_per_node {saved_world} (or start a new output_dir)"
+        )
     masters = _masters_hold_weights(train_engine)
     load_path, _ = train_engine.load_checkpoint(
         str(path / "ds"),
@@ -204,4 +217,4 @@ def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:
     rng_file = path / f"rng_rank{rank()}.pt"
     if rng_file.is_file():  # absent when resuming on more ranks than were saved
         set_rng_state(torch.load(rng_file, weights_only=False))
-    return json.loads((path / "trainer_state.json").read_text())
+    return state
