@@ -33,12 +33,11 @@ import torch
 from minisparse.grpo.distributed import barrier, rank, world_size
 
 MARKER = "COMPLETE"
+NAME = re.compile(r"^rollout_(\d{6})$")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint this run cannot continue from (said before DeepSpeed touches it)."""
-
-NAME = re.compile(r"^rollout_(\d{6})$")
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
