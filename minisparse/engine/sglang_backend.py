@@ -119,6 +119,7 @@ class SGLangBackend:
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.last_stats = GenerateStats()
         self.awake = True
+        self.bucket_bytes = BUCKET_BYTES
         self.engine = sglang.Engine(**self.engine_kwargs(model, args, dtype, seed, device,
                                                          deterministic) | engine_kwargs)
 
@@ -167,7 +168,7 @@ class SGLangBackend:
         if not self.awake:
             raise RuntimeError("SGLang engine is asleep: call wake() before update_weights()")
         monkey_patch_torch_reductions()
-        buckets = list(weight_buckets(model, self.dtype))
+        buckets = list(weight_buckets(model, self.dtype, self.bucket_bytes))
         for i, named in enumerate(buckets):
             bucket = FlattenedTensorBucket(named_tensors=named)
             payload = MultiprocessingSerializer.serialize(
