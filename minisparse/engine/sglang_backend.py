@@ -133,7 +133,7 @@ class SGLangBackend:
             model_path=write_model_dir(model, dtype), skip_tokenizer_init=True,
             load_format="dummy", dtype=dtype, base_gpu_id=gpu, tp_size=1,
             port=30000 + 17 * gpu, random_seed=seed, enable_memory_saver=True,
-            attention_backend="fa3", sampling_backend="pytorch", grammar_backend="none",
+            attention_backend=attention_backend(model.config), sampling_backend="pytorch", grammar_backend="none",
             mem_fraction_static=memory_fraction(args.kv_memory_fraction, weight_bytes, free),
             max_running_requests=args.max_num_seqs,
             max_prefill_tokens=args.max_prefill_tokens,
@@ -211,8 +211,17 @@ class SGLangBackend:
         self.engine.shutdown()
 
 
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
     """K and V of every layer for one token (SGLang's max_total_tokens from a GiB size)."""
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * head_dim * dtype.itemsize
+    return 2 * config.num_hidden_layers * heads * _head_dim(config) * dtype.itemsize
+
+
+def attention_backend(config: Any) -> str:
+    """fa3 (FlashAttention 3, the fastest on Hopper) for the real models' head sizes;
+    triton for the tiny test model's 16-wide heads, which FA3 has no kernel for."""
+    return "fa3" if _head_dim(config) in (64, 128, 256) else "triton"

@@ -16,10 +16,10 @@ from minisparse.engine import bench
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for
 from minisparse.engine.sglang_backend import (
-    SGLangBackend, kv_bytes_per_token, memory_fraction, parse_output, request_params,
+    SGLangBackend, attention_backend, kv_bytes_per_token, memory_fraction, parse_output, request_params,
     weight_buckets,
 )
-from minisparse.models import load_policy
+from minisparse.models import load_policy, shape_config
 
 GIB = 2**30
 
@@ -75,6 +75,8 @@ def test_engine_kwargs_colocate_on_this_gpu_with_ids_only_io(tiny, fake):
     assert kw["skip_tokenizer_init"] and kw["enable_memory_saver"]
     assert kw["max_running_requests"] == 7 and kw["max_prefill_tokens"] == 999
     assert kw["disable_cuda_graph"] and "max_total_tokens" not in kw
+    assert kw["attention_backend"] == "triton"  # the tiny model's 16-wide heads
+    assert attention_backend(shape_config("qwen2.5-3b")) == "fa3"
     config = AutoConfig.from_pretrained(kw["model_path"])
     assert config.architectures == [type(tiny[0]).__name__]
     assert config.num_hidden_layers == tiny[0].config.num_hidden_layers
