@@ -3,7 +3,9 @@ output parsing, seeds, ordering, phase control and weight export, against the fa
 sglang package of fake_sglang.py (the real engine is exercised by test_gpu_sglang.py)."""
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from minisparse.engine.sglang_backend import (
 from minisparse.models import load_policy, shape_config
 
 GIB = 2**30
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,15 @@ def test_sglang_with_compression_fails_at_config_time_saying_why():
     assert load_config("tiny_dense", ["engine.backend=sglang"]).engine.backend == "sglang"
     with pytest.raises(ConfigError, match="engine.backend"):
         load_config("tiny_dense", ["engine.backend=vllm"])
+
+
+def test_eval_cli_refuses_sglang_with_compression(capsys, tmp_path):
+    spec = importlib.util.spec_from_file_location("eval_cli", ROOT / "eval.py")
+    eval_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eval_cli)
+    code = eval_cli.main(["--model", "tiny", "--backend", "sglang", "--compress", "rkv",
+                          "--output", str(tmp_path / "r")])
+    assert code == 2 and "cannot free evicted tokens" in capsys.readouterr().err
 
 
 def test_make_backend_native_is_the_llm_engine(tiny):
