@@ -106,7 +106,7 @@ class SGLangBackend:
     """One sglang.Engine on this process's GPU, colocated with the trainer."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, args: EngineArgs, dtype: str,
-                 seed: int = 0, deterministic: bool = False, **engine_kwargs: Any) -> None:
+                 seed: int = 0, deterministic: bool = False, **overrides: Any) -> None:
         import sglang  # imported here: CPU installs (and CI) have no SGLang
 
         if args.compression_on:
@@ -120,8 +120,8 @@ class SGLangBackend:
         self.last_stats = GenerateStats()
         self.awake = True
         self.bucket_bytes = BUCKET_BYTES
-        self.engine = sglang.Engine(**self.engine_kwargs(model, args, dtype, seed, device,
-                                                         deterministic) | engine_kwargs)
+        kwargs = self.engine_kwargs(model, args, dtype, seed, device, deterministic)
+        self.engine = sglang.Engine(**kwargs | overrides)
 
     def engine_kwargs(self, model: nn.Module, args: EngineArgs, dtype: str, seed: int,
                       device: torch.device, deterministic: bool) -> dict:
@@ -159,8 +159,8 @@ class SGLangBackend:
 
     def update_weights(self, model: nn.Module) -> None:
         """Push `model`'s parameters (full tensors: under ZeRO-3 call inside a gather) to
-        the engine in flattened buckets over CUDA IPC; the prefix cache is flushed after
-        the last bucket, since its KV was computed with the old weights."""
+        the engine in flattened buckets over CUDA IPC, one bucket alive at a time; then the
+        prefix cache is flushed, since its KV was computed with the old weights."""
         from sglang.srt.utils.common import MultiprocessingSerializer
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
@@ -168,17 +168,14 @@ class SGLangBackend:
         if not self.awake:
             raise RuntimeError("SGLang engine is asleep: call wake() before update_weights()")
         monkey_patch_torch_reductions()
-        buckets = list(weight_buckets(model, self.dtype, self.bucket_bytes))
-        for i, named in enumerate(buckets):
+        for named in weight_buckets(model, self.dtype, self.bucket_bytes):
             bucket = FlattenedTensorBucket(named_tensors=named)
             payload = MultiprocessingSerializer.serialize(
                 {"flattened_tensor": bucket.get_flattened_tensor(),
                  "metadata": bucket.get_metadata()}, output_str=True)
             self.engine.update_weights_from_tensor(
-                named_tensors=[payload], load_format="flattened_bucket",
-                flush_cache=i == len(buckets) - 1)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+                named_tensors=[payload], load_format="flattened_bucket", flush_cache=False)
+        self.engine.flush_cache()
 
     # ---- generation ---------------------------------------------------------------------
 

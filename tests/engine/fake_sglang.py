@@ -93,6 +93,9 @@ class Engine:
         self.weights.update({n: t.clone() for n, t in bucket.reconstruct_tensors()})
         return True, "Success"
 
+    def flush_cache(self):
+        self.calls.append(("flush",))
+
     def release_memory_occupation(self, tags=None):
         self.calls.append(("release",))
 

@@ -211,7 +211,7 @@ def test_weight_buckets_cover_every_parameter_once_in_bounded_buckets(tiny):
         assert size <= limit or len(b) == 1
 
 
-def test_update_weights_pushes_every_tensor_and_flushes_the_cache_once(tiny, fake):
+def test_update_weights_pushes_every_tensor_then_flushes_the_cache(tiny, fake):
     backend = _backend(tiny)
     backend.bucket_bytes = 30_000
     model = tiny[0]
@@ -224,9 +224,8 @@ def test_update_weights_pushes_every_tensor_and_flushes_the_cache_once(tiny, fak
             model.model.norm.weight.sub_(0.5)
     engine = fake.instances[0]
     updates = [c for c in engine.calls if c[0] == "update"]
-    assert len(updates) > 1
-    assert all(c[1] == "flattened_bucket" and c[3] == 1 for c in updates)
-    assert [c[2] for c in updates] == [False] * (len(updates) - 1) + [True]
+    assert len(updates) > 1 and engine.calls[-1] == ("flush",)  # once, after the last
+    assert engine.calls[: len(updates)] == [("update", "flattened_bucket", False, 1)] * len(updates)
     for name, p in model.named_parameters():
         expected = p.detach() + (0.5 if name == "model.norm.weight" else 0.0)
         assert torch.equal(engine.weights[name], expected), name
