@@ -107,8 +107,11 @@ class SGLangBackend:
 
     def __init__(self, model: nn.Module, tokenizer: Any, args: EngineArgs, dtype: str,
                  seed: int = 0, deterministic: bool = False, **overrides: Any) -> None:
-        import sglang  # imported here: CPU installs (and CI) have no SGLang
-
+        try:
+            import sglang  # imported here: CPU installs (and CI) have no SGLang
+        except ImportError as exc:
+            raise ImportError("engine.backend=sglang needs SGLang 0.5.16 (requirements-gpu.txt:"
+                              " MINISPARSE_GPU=1 bash install.sh)") from exc
         if args.compression_on:
             raise ValueError("the SGLang backend is dense only: SGLang cannot free evicted "
                              "tokens; use the native engine for compressed rollouts")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,12 @@ def test_memory_fraction_leaves_the_native_share_of_post_weight_memory_to_kv():
     kv = (free - weights) - free * (1 - f)  # SGLang 0.5.16's pool size rule
     assert kv == pytest.approx(k * (free - weights))
     assert memory_fraction(0.5, 0, free) == pytest.approx(0.5)
+
+
+def test_missing_sglang_says_how_to_install_it(tiny, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    with pytest.raises(ImportError, match="requirements-gpu.txt"):
+        _backend(tiny)
 
 
 def test_dense_only_and_cuda_only(tiny, fake):
