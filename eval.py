@@ -31,7 +31,7 @@ RUN_FLAGS = {
     "kernel_size": "compress.kernel_size", "pooling": "compress.pooling",
     "group_pooling": "compress.group_pooling", "mix_lambda": "compress.mix_lambda",
     "sim_threshold": "compress.sim_threshold", "selection": "compress.selection",
-    "page_size": "engine.page_size", "kv_memory_gb": "engine.kv_memory_gb",
+    "backend": "engine.backend", "page_size": "engine.page_size", "kv_memory_gb": "engine.kv_memory_gb",
     "kv_memory_fraction": "engine.kv_memory_fraction",
     "kv_cpu_memory_gb": "engine.kv_cpu_memory_gb", "max_num_seqs": "engine.max_num_seqs",
     "max_prefill_tokens": "engine.max_prefill_tokens", "cuda_graphs": "engine.cuda_graphs",
@@ -68,6 +68,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                                    "random weights); default: the --config's model.path")
     g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"))
     g.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    g.add_argument("--backend", choices=("native", "sglang"),
+                   help="rollout engine; sglang (embedded sglang.Engine) is dense only")
     g.add_argument("--max-num-seqs", "--batch-size", dest="max_num_seqs", type=int,
                    help="sequences decoded at once")
     g.add_argument("--kv-memory-gb", type=float, help="KV pool size in GiB (> 0 wins)")
@@ -158,14 +160,14 @@ def run(args: argparse.Namespace) -> int:
         print(dump_config(dataclasses.replace(cfg, eval=eval_cfg)), end="")
         return 0
     problems = load_benchmarks(eval_cfg.benchmarks, eval_cfg.data_dir, eval_cfg.limit)
-    from minisparse.engine import EngineArgs, LLMEngine
+    from minisparse.engine import make_backend
     from minisparse.evaluation import check_prompt_template, evaluate, format_table
     from minisparse.models import load_policy
 
     device = _device(args.device)
     model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     check_prompt_template(tokenizer, eval_cfg.prompt_template)
-    engine = LLMEngine(model, tokenizer, EngineArgs.from_config(cfg, device))
+    engine = make_backend(cfg, model, tokenizer, device)
     summary = evaluate(engine, tokenizer, eval_cfg, args.output, settings=run_settings(cfg),
                        seed=cfg.seed, overwrite=args.overwrite, progress=args.progress,
                        problems=problems)

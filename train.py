@@ -75,7 +75,7 @@ class Run:
     train_engine: Any  # DeepSpeed engine; .module is the HF policy
     offload: TrainingStateOffload  # moves optimizer states off the GPU for the rollout
     ref_model: torch.nn.Module | None
-    llm: Any  # minisparse.engine.LLMEngine over train_engine.module's weights
+    llm: Any  # RolloutBackend (native LLMEngine or SGLang) over the policy's weights
     tokenizer: Any
     rows: list  # PromptRow
     sampler: Any  # PromptSampler
@@ -119,7 +119,7 @@ def check_world(cfg: Config, world: int) -> None:
 def setup(cfg: Config, resume_required: bool) -> Run:
     """Process group, policy (+ reference), DeepSpeed, data, engine, resume, logger."""
     from minisparse.data import PromptSampler, load_prompts
-    from minisparse.engine import EngineArgs, LLMEngine
+    from minisparse.engine import make_backend
     from minisparse.evaluation import check_prompt_template
     from minisparse.models import load_policy
 
@@ -165,7 +165,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     offload = TrainingStateOffload(train_engine)
     free_training_memory(offload, device)
     with rollout_weights(train_engine):
-        llm = LLMEngine(train_engine.module, tokenizer, EngineArgs.from_config(cfg, device))
+        llm = make_backend(cfg, train_engine.module, tokenizer, device)
     return Run(
         cfg=cfg,
         device=device,

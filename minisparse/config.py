@@ -51,7 +51,7 @@ class CompressConfig:
 
 @dataclass
 class EngineConfig:
-    backend: str = "native"  # native (an embedded SGLang backend for dense runs is planned)
+    backend: str = "native"  # native | sglang (embedded sglang.Engine; dense runs only)
     page_size: int = 16
     # KV pool size: kv_memory_gb if > 0, else this fraction of the free GPU memory
     # (on CPU: of kv_cpu_memory_gb).
@@ -176,7 +176,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "compress.pooling": ("max", "avg"),
     "compress.group_pooling": ("max", "mean"),
     "compress.selection": ("per_head", "per_layer"),
-    "engine.backend": ("native",),
+    "engine.backend": ("native", "sglang"),
     "optim.lr_schedule": ("constant", "cosine", "linear"),
     "loss.advantage": ("grpo",),
     "loss.kl_type": ("low_var_kl", "k1", "k2", "k3"),
@@ -413,6 +413,12 @@ def _check_bounds(lower_key: str, upper_key: str, lower: float, upper: float) ->
 
 def _check_relations(cfg: Config) -> None:
     c, loss = cfg.compress, cfg.loss
+    if cfg.engine.backend == "sglang" and c.algorithm != "none":
+        raise ConfigError(
+            f"config key 'engine.backend' is sglang but 'compress.algorithm' is "
+            f"{c.algorithm!r}: SGLang cannot free evicted tokens from its KV cache, so "
+            f"compressed rollouts need engine.backend=native (sglang is dense only)"
+        )
     if c.algorithm != "none" and c.budget <= c.window:
         raise ConfigError(
             f"config key 'compress.budget' ({c.budget}) must be > 'compress.window' "

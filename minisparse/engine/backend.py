@@ -1,17 +1,22 @@
-"""The rollout-backend protocol the trainer and evaluator program against, so an embedded
-SGLang engine can stand in for the native engine on dense runs."""
+"""The rollout-backend protocol the trainer and evaluator program against, and the factory
+that picks the backend a config names: the native engine (dense or compressed) or an
+embedded SGLang engine (dense only)."""
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import nn
 
-from minisparse.engine.config import SamplingParams
-from minisparse.engine.sequence import SampleOutput
+from minisparse.config import Config, ConfigError
+from minisparse.engine.config import EngineArgs, SamplingParams
+from minisparse.engine.sequence import GenerateStats, SampleOutput
 
 
 @runtime_checkable
 class RolloutBackend(Protocol):
+    last_stats: GenerateStats  # of the last generate() call
+
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams,
                  progress: bool = False) -> list[SampleOutput]:
         """len(prompts) * params.n outputs, prompt-major."""
@@ -28,3 +33,22 @@ class RolloutBackend(Protocol):
     def update_weights(self, model: nn.Module) -> None:
         """Generate with `model`'s (possibly new) parameters from now on."""
         ...
+
+
+def make_backend(cfg: Config, model: nn.Module, tokenizer: Any,
+                 device: torch.device | str) -> RolloutBackend:
+    """The backend cfg.engine.backend names, over `model`'s current weights."""
+    args = EngineArgs.from_config(cfg, device)
+    if cfg.engine.backend == "native":
+        from minisparse.engine.engine import LLMEngine
+
+        return LLMEngine(model, tokenizer, args)
+    if cfg.engine.backend == "sglang":
+        if args.compression_on:  # validate_config catches this first; kept for direct use
+            raise ConfigError("engine.backend=sglang is dense only (compress.algorithm=none)")
+        from minisparse.engine.sglang_backend import SGLangBackend
+
+        backend = SGLangBackend(model, tokenizer, args, cfg.model.dtype, seed=cfg.seed)
+        backend.update_weights(model)  # it starts on dummy weights
+        return backend
+    raise ConfigError(f"config key 'engine.backend': unknown backend {cfg.engine.backend!r}")

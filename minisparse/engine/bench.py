@@ -3,7 +3,9 @@
 
 Random seeded prompts, EOS ignored so every sequence runs to --max-new. Prints one summary
 line per timed run (after an untimed warm-up) and writes the median run's numbers, plus
-every run's, to --json.
+every run's, to --json. `--backend sglang` runs the same workload through the embedded
+SGLang engine (dense only); `--backend both` runs native then SGLang in one process and
+prints the native/SGLang throughput ratio.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="HF dir, 'tiny', or a shape name")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--backend", default="native", choices=["native", "sglang", "both"])
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batch", type=int, default=64, help="number of prompts")
     p.add_argument("--prompt-len", type=int, default=256)
@@ -54,7 +57,7 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
     return torch.randint(10, max(11, vocab - 512), (n, length), generator=g).tolist()
 
 
-def build(args: argparse.Namespace):
+def build(args: argparse.Namespace, backend: str = "native"):
     """(engine, prompts, params, dtype) for the bench workload described by args."""
     from minisparse.models import load_policy
 
@@ -63,11 +66,18 @@ def build(args: argparse.Namespace):
     model.eval()
     compress = CompressConfig(algorithm=args.compress, budget=args.budget, window=args.window,
                               divide_length=args.divide_length)
-    engine = LLMEngine(model, tokenizer, EngineArgs(
+    engine_args = EngineArgs(
         page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
         kv_memory_fraction=args.kv_fraction, max_num_seqs=args.max_num_seqs,
         max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs,
-        compress=compress, device=args.device))
+        compress=compress, device=args.device)
+    if backend == "sglang":
+        from minisparse.engine.sglang_backend import SGLangBackend
+
+        engine = SGLangBackend(model, tokenizer, engine_args, dtype, seed=args.seed)
+        engine.update_weights(model)  # the same random weights as the native run
+    else:
+        engine = LLMEngine(model, tokenizer, engine_args)
     prompts = random_prompts(args.batch, args.prompt_len, model.config.vocab_size, args.seed)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new, seed=args.seed, ignore_eos=True)
@@ -80,7 +90,24 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    engine, prompts, params, dtype = build(args)
+    """One backend's result, or with --backend both each one's and native_over_sglang."""
+    if args.backend != "both":
+        result = run_backend(args, args.backend)
+    else:
+        native, sglang = run_backend(args, "native"), run_backend(args, "sglang")
+        ratio = native["tokens_per_s"] / max(sglang["tokens_per_s"], 1e-9)
+        print(f"[bench] native {native['tokens_per_s']:.0f} tok/s, sglang "
+              f"{sglang['tokens_per_s']:.0f} tok/s: native/sglang = {ratio:.3f}", flush=True)
+        result = dict(native=native, sglang=sglang, native_over_sglang=ratio)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def run_backend(args: argparse.Namespace, backend: str) -> dict:
+    """Warm-up and timed repeats on one backend; its GPU memory is given back after."""
+    engine, prompts, params, dtype = build(args, backend)
     if args.warmup:  # graph capture and kernel compilation stay out of the timed runs
         engine.generate(prompts, dataclasses.replace(params, max_new_tokens=args.warmup))
     runs = []
@@ -98,19 +125,25 @@ def run(args: argparse.Namespace) -> dict:
             compressions=s.compressions, evicted_tokens=s.evicted_tokens,
             peak_gpu_memory_gb=(torch.cuda.max_memory_allocated() / 2**30
                                 if args.device.startswith("cuda") else 0.0)))
-        print(f"[bench {r + 1}/{args.repeats}] model={args.model} compress={args.compress} "
+        print(f"[bench {r + 1}/{args.repeats}] {backend} model={args.model} compress={args.compress} "
               f"batch={args.batch} prompt={args.prompt_len} new={args.max_new}: "
               f"{s.tokens_per_s:.0f} tok/s, {s.generated_tokens} tok in {s.wall_s:.2f}s, "
               f"peak kv {s.peak_kv_tokens} tok (per seq {runs[-1]['peak_kv_tokens_per_seq']}), "
               f"preemptions {s.preemptions}, compressions {s.compressions}, "
               f"gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB", flush=True)
-    result = dict(median_run(runs), runs=runs, pool_pages=engine.pool.num_pages,
-                  pool_tokens=engine.pool.num_pages * engine.pool.page_size,
+    pool = getattr(engine, "pool", None)  # the native engine's; SGLang sizes its own
+    result = dict(median_run(runs), runs=runs, backend=backend,
+                  pool_pages=pool.num_pages if pool else 0,
+                  pool_tokens=pool.num_pages * pool.page_size if pool else 0,
                   config={k: v for k, v in vars(args).items() if k != "json"} | {"dtype": dtype},
                   time=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    if backend == "sglang":
+        engine.shutdown()
+    else:
+        engine.sleep()
+    del engine
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
     return result
 
 
