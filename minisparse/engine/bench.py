@@ -18,6 +18,8 @@ import torch
 
 from minisparse.config import CompressConfig
 from minisparse.engine import EngineArgs, LLMEngine, SamplingParams
+from minisparse.engine.bound import (copy_bandwidth, decode_bound, kv_bytes_per_token,
+                                     weight_bytes_per_step)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=32,
                    help="new tokens of an untimed first run (0: none)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--copy-gbs", type=float, default=0.0,
+                   help="copy bandwidth (GB/s, read + written) for the bound; 0: measure "
+                        "on CUDA, no bound on CPU")
     p.add_argument("--json", default=None, help="write the results here")
     return p.parse_args(argv)
 
@@ -91,6 +96,10 @@ def median_run(runs: list[dict]) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     """One backend's result, or with --backend both each one's and native_over_sglang."""
+    if args.copy_gbs <= 0 and args.device.startswith("cuda"):
+        args.copy_gbs = copy_bandwidth(args.device) / 1e9
+        print(f"[bench] device-to-device copy: {args.copy_gbs:.0f} GB/s (read + written)",
+              flush=True)
     if args.backend != "both":
         result = run_backend(args, args.backend)
     else:
@@ -108,6 +117,7 @@ def run(args: argparse.Namespace) -> dict:
 def run_backend(args: argparse.Namespace, backend: str) -> dict:
     """Warm-up and timed repeats on one backend; its GPU memory is given back after."""
     engine, prompts, params, dtype = build(args, backend)
+    model = engine.lm.model if backend == "native" else None
     if args.warmup:  # graph capture and kernel compilation stay out of the timed runs
         engine.generate(prompts, dataclasses.replace(params, max_new_tokens=args.warmup))
     runs = []
@@ -125,12 +135,19 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
             compressions=s.compressions, evicted_tokens=s.evicted_tokens,
             peak_gpu_memory_gb=(torch.cuda.max_memory_allocated() / 2**30
                                 if args.device.startswith("cuda") else 0.0)))
+        if model is not None and args.copy_gbs > 0:
+            runs[-1].update(decode_bound(s, weight_bytes_per_step(model),
+                                         kv_bytes_per_token(model, model.dtype),
+                                         args.copy_gbs * 1e9))
         print(f"[bench {r + 1}/{args.repeats}] {backend} model={args.model} compress={args.compress} "
               f"batch={args.batch} prompt={args.prompt_len} new={args.max_new}: "
               f"{s.tokens_per_s:.0f} tok/s, {s.generated_tokens} tok in {s.wall_s:.2f}s, "
               f"peak kv {s.peak_kv_tokens} tok (per seq {runs[-1]['peak_kv_tokens_per_seq']}), "
               f"preemptions {s.preemptions}, compressions {s.compressions}, "
-              f"gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB", flush=True)
+              f"gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB"
+              + (f", bound {runs[-1]['bound_tokens_per_s']:.0f} tok/s "
+                 f"(fraction {runs[-1]['bound_fraction']:.3f})" if "bound_fraction" in runs[-1]
+                 else ""), flush=True)
     pool = getattr(engine, "pool", None)  # the native engine's; SGLang sizes its own
     result = dict(median_run(runs), runs=runs, backend=backend,
                   pool_pages=pool.num_pages if pool else 0,

@@ -149,6 +149,9 @@ class LLMEngine:
                 return len(aborted)
             self._sync_pages(sched)
             tokens, logprobs = self.runner.decode(done, params)
+            stats.decode_steps += 1
+            stats.decode_tokens += len(done)
+            stats.decode_kv_tokens += sum(s.cache_len for s in done) + len(done)
             for seq in done:
                 seq.num_computed += 1
                 seq.since_compress += 1

@@ -37,6 +37,9 @@ class GenerateStats:
     evicted_tokens: int = 0
     prefill_tokens: int = 0
     steps: int = 0
+    decode_steps: int = 0
+    decode_tokens: int = 0  # tokens sampled by decode steps (one per running sequence)
+    decode_kv_tokens: int = 0  # cache entries attended, summed over decode steps
 
 
 @dataclass

@@ -1,0 +1,84 @@
+"""The memory bound of a rollout: how fast decode could go if every step only read, once,
+the bytes it cannot avoid (all weights a token's forward touches, plus every running
+sequence's K/V) at the device's copy bandwidth.
+
+The bench reports tokens/s against this bound, so a speed figure says how far the engine
+is from the hardware rather than from another engine. The bytes come from the real weights
+and the real per-step cache lengths the engine recorded (GenerateStats.decode_steps and
+decode_kv_tokens); the bandwidth from a device-to-device copy measured in the same process
+(bytes read plus bytes written, METHOD's convention). Prefill and compression time are
+outside the bound: it is a decode bound.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+from torch import nn
+
+from minisparse.engine.sequence import GenerateStats
+
+
+def weight_bytes_per_step(model: nn.Module) -> int:
+    """Bytes of the parameters one decode step reads: every parameter once, except the
+    input embedding table when it is not tied to the LM head (a step reads only B rows of
+    it, which is negligible)."""
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
+    total = 0
+    seen: set[int] = set()
+    for p in model.parameters():
+        if p.data_ptr() in seen or (p is embed and not tied):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def kv_bytes_per_token(model: nn.Module, dtype: torch.dtype) -> int:
+    """K and V bytes one cached token holds over all layers."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    elt = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elt
+
+
+def copy_bandwidth(device: torch.device | str, gib: float = 2.0, repeats: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + written), median of `repeats`
+    timed copies of a `gib` GiB random buffer after a warm-up (CUDA only)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"copy_bandwidth needs a CUDA device, got {device}")
+    n = int(gib * (1 << 30)) // 4
+    src = torch.rand(n, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del src, dst
+    return 2 * n * 4 / statistics.median(times)
+
+
+def decode_bound(stats: GenerateStats, weight_bytes: int, kv_token_bytes: int,
+                 bandwidth: float) -> dict:
+    """Bound tokens/s of the decode steps `stats` recorded, and the measured run's share
+    of it. Each decode step reads the weights once and every running sequence's cache
+    (decode_kv_tokens sums the attended entries over steps); it yields one token per
+    sequence, so the bound is decoded tokens over the bound time."""
+    if bandwidth <= 0:
+        raise ValueError(f"bandwidth must be positive, got {bandwidth}")
+    if stats.decode_steps == 0:
+        return dict(bound_tokens_per_s=0.0, bound_fraction=0.0, bound_s=0.0)
+    total_bytes = stats.decode_steps * weight_bytes + stats.decode_kv_tokens * kv_token_bytes
+    bound_s = total_bytes / bandwidth
+    bound_tps = stats.decode_tokens / bound_s
+    return dict(bound_tokens_per_s=bound_tps, bound_fraction=stats.tokens_per_s / bound_tps,
+                bound_s=bound_s)

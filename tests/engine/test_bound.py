@@ -1,0 +1,82 @@
+"""The decode memory bound the bench reports: weight and KV byte counts from the real
+model, per-step cache lengths from the engine, and the arithmetic that joins them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine_helpers import build, make_engine, prompts
+from minisparse.config import CompressConfig
+from minisparse.engine import SamplingParams
+from minisparse.engine.bench import parse_args, run
+from minisparse.engine.bound import decode_bound, kv_bytes_per_token, weight_bytes_per_step
+from minisparse.engine.sequence import GenerateStats
+
+
+def test_weight_bytes_count_tied_head_once_and_skip_untied_embedding():
+    qwen2, llama = build("qwen2"), build("llama")  # tied / untied embeddings, float32
+    n_qwen = sum(p.numel() for p in qwen2.parameters())  # parameters() lists a tied one once
+    assert weight_bytes_per_step(qwen2) == 4 * n_qwen
+    n_llama = sum(p.numel() for p in llama.parameters())
+    embed = llama.model.embed_tokens.weight.numel()
+    assert weight_bytes_per_step(llama) == 4 * (n_llama - embed)
+    assert weight_bytes_per_step(qwen2.to(torch.bfloat16)) == 2 * n_qwen
+
+
+def test_kv_bytes_per_token():
+    llama = build("llama")  # 2 layers, 2 KV heads, head_dim 16
+    assert kv_bytes_per_token(llama, torch.bfloat16) == 2 * 2 * 2 * 16 * 2
+    qwen2 = build("qwen2")  # head_dim = 64 / 4
+    assert kv_bytes_per_token(qwen2, torch.float32) == 2 * 2 * 2 * 16 * 4
+
+
+def test_decode_bound_arithmetic():
+    s = GenerateStats(tokens_per_s=500.0, decode_steps=10, decode_tokens=40,
+                      decode_kv_tokens=4000)
+    out = decode_bound(s, weight_bytes=1000, kv_token_bytes=10, bandwidth=1e5)
+    bound_s = (10 * 1000 + 4000 * 10) / 1e5  # 0.5 s for 40 tokens
+    assert out["bound_s"] == pytest.approx(bound_s)
+    assert out["bound_tokens_per_s"] == pytest.approx(80.0)
+    assert out["bound_fraction"] == pytest.approx(500.0 / 80.0)
+    with pytest.raises(ValueError, match="bandwidth"):
+        decode_bound(s, 1, 1, 0.0)
+    assert decode_bound(GenerateStats(), 1, 1, 1.0)["bound_tokens_per_s"] == 0.0
+
+
+def test_engine_records_attended_entries_per_decode_step(qwen2):
+    ps = prompts(4, lo=5, hi=12)
+    new = 9
+    engine = make_engine(qwen2, page_size=4)
+    engine.generate(ps, SamplingParams(max_new_tokens=new, seed=0, ignore_eos=True))
+    s = engine.last_stats
+    # the first token comes from prefill; decode step i (1..new-1) attends prompt + i entries
+    assert s.decode_tokens == 4 * (new - 1) and s.decode_steps == new - 1
+    assert s.decode_kv_tokens == sum((new - 1) * len(p) + new * (new - 1) // 2 for p in ps)
+
+
+def test_compressed_caches_shrink_the_recorded_reads(qwen2):
+    ps = prompts(4, lo=5, hi=12)
+    params = SamplingParams(max_new_tokens=60, seed=0, ignore_eos=True)
+    dense = make_engine(qwen2, page_size=4)
+    dense.generate(ps, params)
+    cfg = CompressConfig(algorithm="rkv", budget=16, window=4, divide_length=8, kernel_size=3)
+    sparse = make_engine(qwen2, cfg, page_size=4)
+    sparse.generate(ps, params)
+    assert sparse.last_stats.compressions > 0
+    assert sparse.last_stats.decode_tokens == dense.last_stats.decode_tokens
+    assert sparse.last_stats.decode_kv_tokens <= (16 + 8 + 1) * sparse.last_stats.decode_tokens
+    assert sparse.last_stats.decode_kv_tokens < dense.last_stats.decode_kv_tokens
+
+
+def test_bench_json_has_bound_fields(tmp_path, tiny_path):
+    path = tmp_path / "bench.json"
+    args = parse_args(["--model", str(tiny_path), "--device", "cpu", "--dtype", "float32",
+                       "--batch", "2", "--prompt-len", "8", "--max-new", "6", "--repeats", "1",
+                       "--warmup", "0", "--copy-gbs", "50", "--json", str(path)])
+    run(args)
+    saved = json.loads(path.read_text())
+    assert saved["bound_tokens_per_s"] > 0
+    assert saved["bound_fraction"] == pytest.approx(
+        saved["tokens_per_s"] / saved["bound_tokens_per_s"])
