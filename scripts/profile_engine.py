@@ -4,7 +4,8 @@
 Runs the bench workload (minisparse.engine.bench; every bench flag is accepted) and, in one
 generate() call, after --warmup decode steps:
   1. times --steps decode steps, each split into model forward (graph replay or eager),
-     logits + sampling (to the host copy of the tokens), compression (wall, when it fires)
+     logits + sampling (to the host copy of the tokens; inside the graph when the step is
+     a graph replay, so then "forward" includes them), compression (wall, when it fires)
      and host (the rest of the step's wall time: scheduling, tensor building, bookkeeping,
      i.e. time the GPU waits for Python). On CUDA the first two are CUDA-event times.
   2. runs torch.profiler over the next --steps decode steps and prints the top kernels by
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     last_prof = last_timed + (0 if ours.no_profiler else ours.steps)
 
     real_step, real_decode = engine._step, runner.decode
-    real_sample, real_compress = runner._sample, engine._compress
+    real_sample, real_to_host, real_compress = runner._sample, runner._to_host, engine._compress
 
     def decode(seqs, sp):
         state["decoded"] = True
@@ -83,14 +84,16 @@ def main(argv: list[str] | None = None) -> None:
             return fn(*a, **k)
         return wrapped
 
-    def sample(*a, **k):
-        rec = state["rec"]
-        if rec is None or "t0" not in rec:
-            return real_sample(*a, **k)
-        rec["t1"] = clock.mark()
-        out = real_sample(*a, **k)
-        rec["t2"] = clock.mark()
-        return out
+    def timed_sample(real):
+        def wrapped(*a, **k):
+            rec = state["rec"]
+            if rec is None or "t0" not in rec or "t1" in rec:
+                return real(*a, **k)
+            rec["t1"] = clock.mark()
+            out = real(*a, **k)
+            rec["t2"] = clock.mark()
+            return out
+        return wrapped
 
     def compress(*a, **k):
         rec = state["rec"]
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
         return real_compact(*a, **k)
 
     engine_mod.compact = compact
-    runner.decode, runner._sample = decode, sample
+    runner.decode = decode
+    runner._sample, runner._to_host = timed_sample(real_sample), timed_sample(real_to_host)
     if runner.graphs is not None:
         runner.graphs.run = forward_start(runner.graphs.run)
     model_runner.decode_forward = forward_start(model_runner.decode_forward)
@@ -177,8 +181,8 @@ def main(argv: list[str] | None = None) -> None:
 def _print_steps(rows: list[dict], cuda: bool) -> None:
     keys = ("wall", "fwd", "sample", "compress", "host")
     gpu = " (gpu)" if cuda else ""
-    label = {"wall": "step wall", "fwd": "model forward" + gpu,
-             "sample": "logits+sample+d2h" + gpu, "compress": "compression (wall)",
+    label = {"wall": "step wall", "fwd": "forward (+sample in graph)" + gpu,
+             "sample": "sample+d2h (d2h in graph)" + gpu, "compress": "compression (wall)",
              "host": "host/python (rest)"}
     med = {k: statistics.median(r[k] for r in rows) for k in keys}
     mean = {k: statistics.fmean(r[k] for r in rows) for k in keys}

@@ -1,7 +1,8 @@
-"""Decode-step CUDA graphs, one per (batch-size bucket, cache-length bucket), captured
-lazily on first use.
+"""Decode-step CUDA graphs, one per (batch-size bucket, cache-length bucket, sampling
+settings), captured lazily on first use.
 
-A graph runs decode_forward on static buffers of its batch size; a smaller batch is padded
+A graph runs decode_forward, the LM head and the sampler (sample_hidden) on static buffers
+of its batch size, so a replay returns the step's tokens and log-probs; a smaller batch is padded
 with rows that point at the pool's scratch page (page-table row scratch_row, cache entry
 0), so padding writes and attends only there. The cache-length bucket (a power of two,
 capped at max_len: the compression bound, or max_model_len when dense) is the upper bound
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from minisparse.engine.config import SamplingParams
 from minisparse.engine.kv_pool import KVPool
-from minisparse.engine.model_runner import decode_forward
+from minisparse.engine.model_runner import decode_forward, sample_hidden
 from minisparse.engine.models import CausalLM
 
 
@@ -40,8 +42,10 @@ class DecodeGraphs:
         self.pos = torch.zeros(max_bs, dtype=torch.long, device=dev)
         self.rows = torch.full((max_bs,), pool.scratch_row, dtype=torch.long, device=dev)
         self.cidx = torch.zeros(max_bs, dtype=torch.long, device=dev)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.seeds = torch.zeros(max_bs, dtype=torch.long, device=dev)
+        self.steps = torch.zeros(max_bs, dtype=torch.long, device=dev)
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.mempool = None
 
     def fits(self, batch: int, max_len: int) -> bool:
@@ -51,28 +55,34 @@ class DecodeGraphs:
         return min(self.max_len, max(MIN_LEN_BUCKET, 1 << (max_len - 1).bit_length()))
 
     def run(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
-            cidx: torch.Tensor, max_len: int) -> torch.Tensor:
-        """Hidden states [B, hidden]; needs fits(B, max_len)."""
+            cidx: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, max_len: int,
+            sp: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [B], logprobs [B]) on the device; needs fits(B, max_len)."""
         B = ids.shape[0]
-        key = bs, _ = next(b for b in self.buckets if b >= B), self.len_bucket(max_len)
+        bs = next(b for b in self.buckets if b >= B)
+        key = (bs, self.len_bucket(max_len), sp.temperature, sp.top_k, sp.top_p)
         for static, value in ((self.ids, ids), (self.pos, pos), (self.rows, rows),
-                              (self.cidx, cidx)):
+                              (self.cidx, cidx), (self.seeds, seeds), (self.steps, steps)):
             static[:B] = value
         self.rows[B:bs] = self.pool.scratch_row  # padding: scratch page, entry 0
         self.ids[B:bs], self.pos[B:bs], self.cidx[B:bs] = 0, 0, 0
         if not self.use_graphs:
-            return self._forward(key)[:B]
-        if key not in self.graphs:
-            self._capture(key)
-        self.graphs[key].replay()
-        return self.outputs[key][:B]
+            tokens, logprobs = self._forward(key)
+        else:
+            if key not in self.graphs:
+                self._capture(key)
+            self.graphs[key].replay()
+            tokens, logprobs = self.outputs[key]
+        return tokens[:B], logprobs[:B]
 
-    def _forward(self, key: tuple[int, int]) -> torch.Tensor:
-        bs, max_len = key
-        return decode_forward(self.lm, self.pool, self.ids[:bs], self.pos[:bs], self.rows[:bs],
-                              self.cidx[:bs], max_len)
+    def _forward(self, key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        bs, max_len, temperature, top_k, top_p = key
+        sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        hidden = decode_forward(self.lm, self.pool, self.ids[:bs], self.pos[:bs],
+                                self.rows[:bs], self.cidx[:bs], max_len)
+        return sample_hidden(self.lm, hidden, self.seeds[:bs], self.steps[:bs], sp)
 
-    def _capture(self, key: tuple[int, int]) -> None:
+    def _capture(self, key: tuple) -> None:
         """Warm up on a side stream (Triton compile, cuBLAS handles), then capture. The
         warm-up writes the same K/V and queries the replay will write, so it is harmless."""
         stream = torch.cuda.Stream()

@@ -12,7 +12,7 @@ import torch
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.kv_pool import KVPool
 from minisparse.engine.layers.attention import AttnContext
-from minisparse.engine.layers.sampler import sample
+from minisparse.engine.layers.sampler import sample_head
 from minisparse.engine.models import CausalLM
 from minisparse.engine.sequence import Sequence
 
@@ -95,9 +95,8 @@ class ModelRunner:
         ids, pos, rows, cidx, seeds, steps = step  # one host->device copy
         max_len = max(s.cache_len for s in seqs) + 1
         if self.graphs is not None and self.graphs.fits(B, max_len):
-            hidden = self.graphs.run(ids, pos, rows, cidx, max_len)
-        else:
-            hidden = decode_forward(self.lm, self.pool, ids, pos, rows, cidx, max_len)
+            return self._to_host(*self.graphs.run(ids, pos, rows, cidx, seeds, steps, max_len, sp))
+        hidden = decode_forward(self.lm, self.pool, ids, pos, rows, cidx, max_len)
         return self._sample(hidden, seeds, steps, sp)
 
     def _upload(self, t: torch.Tensor) -> torch.Tensor:
@@ -114,10 +113,18 @@ class ModelRunner:
 
     def _sample(self, hidden: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
                 sp: SamplingParams):
-        logits = self.lm.logits(hidden)
-        tokens, logprobs = sample(logits, sp.temperature, sp.top_k, sp.top_p, seeds, steps)
+        return self._to_host(*sample_hidden(self.lm, hidden, seeds, steps, sp))
+
+    def _to_host(self, tokens: torch.Tensor, logprobs: torch.Tensor):
         out = torch.stack([tokens.double(), logprobs.double()]).cpu()  # the step's one sync
         return [int(x) for x in out[0].tolist()], out[1].tolist()
+
+
+def sample_hidden(lm: CausalLM, hidden: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
+                  sp: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, logprobs) on the device from final hidden states: LM head, then the sampler
+    (fused kernel on CUDA); sync-free, so the decode graph captures it with the forward."""
+    return sample_head(lm.head(hidden), sp.temperature, sp.top_k, sp.top_p, seeds, steps)
 
 
 def decode_forward(lm: CausalLM, pool: KVPool, ids: torch.Tensor, pos: torch.Tensor,

@@ -93,7 +93,11 @@ class CausalLM:
             h = h + F.linear(gate * up, mlp.down_proj.weight, mlp.down_proj.bias)
         return rms_norm(h, self.base.norm)
 
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The lm_head product in the model dtype (the fused sampler reads it as is)."""
+        head = self.model.lm_head
+        return F.linear(hidden, head.weight, head.bias)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits from the model-dtype lm_head product (as HF computes them)."""
-        head = self.model.lm_head
-        return F.linear(hidden, head.weight, head.bias).float()
+        return self.head(hidden).float()

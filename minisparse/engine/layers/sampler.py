@@ -141,3 +141,23 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
         tokens = p.div_(e).argmax(-1)
     logprobs = shifted.gather(-1, tokens[:, None]).squeeze(-1) - lse
     return tokens, logprobs
+
+
+_fused_impl = None  # the sampler_triton module, False when Triton is unusable
+
+
+def sample_head(head_out: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                seeds: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample() on the LM head's raw output [B, V] (model dtype): the fused Triton kernel
+    (sampler_triton) on CUDA, this module's float32 reference elsewhere. Imported lazily so
+    CPU runs never depend on Triton."""
+    global _fused_impl
+    if head_out.is_cuda and _fused_impl is None:
+        try:
+            from minisparse.engine.layers import sampler_triton
+            _fused_impl = sampler_triton
+        except ImportError:
+            _fused_impl = False
+    if head_out.is_cuda and _fused_impl:
+        return _fused_impl.fused_sample(head_out, temperature, top_k, top_p, seeds, steps)
+    return sample(head_out.float(), temperature, top_k, top_p, seeds, steps)

@@ -1,0 +1,163 @@
+"""Fused sampling: temperature, truncation, the seeded exponential race and the sampled
+token's log-prob in one pass over the LM head's output, as a Triton kernel.
+
+Why: the PyTorch sampler (layers/sampler.py, kept as the reference and the CPU path) makes
+~20 elementwise passes over the float32 [B, vocab] logits (hash, noise, exp, division,
+logsumexp...), a quarter of a decode step at batch 256. Here each program reads one chunk
+of a row once, in the head's own dtype (no float32 copy of the logits), and keeps
+  - the online max and sum of exp(scaled) (for the log-sum-exp, over the whole row),
+  - the race winner: argmax of scaled - log(E) over the tokens kept by truncation, with
+    E = -log(u) and u the same counter hash of (seed, step, vocab id) as the reference
+    (log of the reference's p / E, so the same law; rounding can break near-ties apart),
+  - the winner's scaled logit (its log-prob numerator).
+A second, tiny kernel merges the chunks. Ties go to the lowest vocab id (as torch.argmax).
+Temperature 0 is greedy with the T = 1 log-prob, as in the reference.
+
+Truncation (top-k / top-p) arrives as one raw-logit threshold per row, from a PyTorch
+sort/top-k pass that runs only when truncation is on: a token is kept iff its logit is at
+least the threshold (the reference's kept set, plus any tokens tied with its last one).
+Everything is shape-static and sync-free, so it is captured inside the decode CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minisparse.engine.layers.sampler import truncate
+
+_CHUNK = 8192  # vocab columns per program
+_BLOCK = 1024
+
+
+@triton.jit
+def _fmix32(x):
+    """murmur3 fmix32 on uint32 (wrapping multiplies, logical shifts)."""
+    x ^= x >> 16
+    x *= 0x85EBCA6B
+    x ^= x >> 13
+    x *= 0xC2B2AE35
+    x ^= x >> 16
+    return x
+
+
+@triton.jit
+def _partial_kernel(LOGITS, SEEDS, STEPS, THRESH, M_OUT, L_OUT, K_OUT, I_OUT, S_OUT,
+                    V, stride_row, inv_t, chunk,
+                    NSPLIT: tl.constexpr, GREEDY: tl.constexpr, HAS_THRESH: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    sp = tl.program_id(1)
+    row_ptr = LOGITS + b.to(tl.int64) * stride_row
+    if not GREEDY:  # row hash of (seed, step), as sampler.row_hashes
+        seed = tl.load(SEEDS + b).to(tl.uint32)
+        step = tl.load(STEPS + b).to(tl.uint32)
+        rh = _fmix32(_fmix32(seed) ^ (step * 0x2545F491 + 0x9E3779B9))
+    if HAS_THRESH:
+        thresh = tl.load(THRESH + b)
+    m = -float("inf")
+    l = 0.0
+    best_k = -float("inf")
+    best_i = 0
+    best_s = 0.0
+    start = sp * chunk
+    end = tl.minimum(start + chunk, V)
+    for c0 in range(start, end, BLOCK):
+        cols = c0 + tl.arange(0, BLOCK)
+        valid = cols < end
+        x = tl.load(row_ptr + cols, mask=valid, other=-float("inf")).to(tl.float32)
+        s = x * inv_t
+        m_new = tl.maximum(m, tl.max(s, 0))
+        l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new), 0)
+        m = m_new
+        if GREEDY:
+            key = s
+        else:
+            ch = _fmix32(_fmix32(cols.to(tl.uint32) ^ 0x61C8864) + 0x9E3779B9)
+            bits = _fmix32(rh ^ ch)
+            u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+            key = s - tl.log(-tl.log(u))
+            key = tl.where(valid, key, -float("inf"))
+        if HAS_THRESH:
+            key = tl.where(x >= thresh, key, -float("inf"))
+        blk_k = tl.max(key, 0)
+        blk_i = tl.argmax(key, 0)
+        if blk_k > best_k:
+            best_k = blk_k
+            best_i = c0 + blk_i
+            best_s = tl.sum(tl.where(tl.arange(0, BLOCK) == blk_i, s, 0.0), 0)
+    o = b * NSPLIT + sp
+    tl.store(M_OUT + o, m)
+    tl.store(L_OUT + o, l)
+    tl.store(K_OUT + o, best_k)
+    tl.store(I_OUT + o, best_i)
+    tl.store(S_OUT + o, best_s)
+
+
+@triton.jit
+def _merge_kernel(M_IN, L_IN, K_IN, I_IN, S_IN, TOKENS, LOGPROBS,
+                  NSPLIT: tl.constexpr, S_PAD: tl.constexpr):
+    b = tl.program_id(0)
+    sp = tl.arange(0, S_PAD)
+    ok = sp < NSPLIT
+    base = b * NSPLIT + sp
+    m = tl.load(M_IN + base, mask=ok, other=-float("inf"))
+    l = tl.load(L_IN + base, mask=ok, other=0.0)
+    k = tl.load(K_IN + base, mask=ok, other=-float("inf"))
+    top = tl.max(m, 0)
+    lse = top + tl.log(tl.sum(tl.where(l > 0, l * tl.exp(m - top), 0.0), 0))
+    win = tl.argmax(k, 0)  # first split on ties: lowest vocab id
+    i = tl.load(I_IN + b * NSPLIT + win)
+    s = tl.load(S_IN + b * NSPLIT + win)
+    tl.store(TOKENS + b, i.to(tl.int64))
+    tl.store(LOGPROBS + b, s - lse)
+
+
+def truncation_threshold(logits: torch.Tensor, temperature: float, top_k: int,
+                         top_p: float) -> torch.Tensor | None:
+    """Per-row raw-logit threshold [B] float32 of the reference's top-k / top-p set (None
+    when truncation is off): the smallest logit that `truncate` keeps."""
+    V = logits.shape[-1]
+    if not (0 < top_k < V or top_p < 1.0):
+        return None
+    x = logits.float()
+    scaled = x if temperature in (0, 1) else x / temperature
+    kept = truncate(scaled, top_k, top_p)  # -inf where dropped
+    return torch.where(kept > -float("inf"), x, float("inf")).amin(-1)
+
+
+def fused_sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                 seeds: torch.Tensor, steps: torch.Tensor, *, chunk: int = _CHUNK,
+                 block: int = _BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, V] (any float dtype, unit stride in V); seeds/steps [B] integers. Returns
+    (tokens [B] int64, logprobs [B] float32) with sampler.sample's contract. No host sync.
+    chunk / block (vocab columns per program / per load) are exposed for tests."""
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be [B, V] with unit stride in V, got "
+                         f"{tuple(logits.shape)} strides {logits.stride()}")
+    if seeds.shape != (logits.shape[0],) or steps.shape != seeds.shape:
+        raise ValueError(f"seeds {tuple(seeds.shape)} / steps {tuple(steps.shape)} must be "
+                         f"[{logits.shape[0]}]")
+    B, V = logits.shape
+    dev = logits.device
+    greedy = temperature == 0
+    inv_t = 1.0 if temperature in (0, 1) else 1.0 / temperature
+    thresh = None if greedy else truncation_threshold(logits, temperature, top_k, top_p)
+    if block & (block - 1) or chunk % block:
+        raise ValueError(f"block must be a power of two dividing chunk, got {block}, {chunk}")
+    nsplit = triton.cdiv(V, chunk)
+    parts = [torch.empty(B, nsplit, dtype=torch.float32, device=dev) for _ in range(4)]
+    m, l, k, s = parts
+    i = torch.empty(B, nsplit, dtype=torch.int32, device=dev)
+    tokens = torch.empty(B, dtype=torch.int64, device=dev)
+    logprobs = torch.empty(B, dtype=torch.float32, device=dev)
+    if B == 0:
+        return tokens, logprobs
+    _partial_kernel[(B, nsplit)](
+        logits, seeds, steps, thresh if thresh is not None else m, m, l, k, i, s,
+        V, logits.stride(0), inv_t, chunk,
+        NSPLIT=nsplit, GREEDY=greedy, HAS_THRESH=thresh is not None, BLOCK=block,
+        num_warps=4)
+    _merge_kernel[(B,)](m, l, k, i, s, tokens, logprobs, NSPLIT=nsplit,
+                        S_PAD=max(2, triton.next_power_of_2(nsplit)), num_warps=1)
+    return tokens, logprobs
