@@ -149,7 +149,9 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
                  f"(fraction {runs[-1]['bound_fraction']:.3f})" if "bound_fraction" in runs[-1]
                  else ""), flush=True)
     pool = getattr(engine, "pool", None)  # the native engine's; SGLang sizes its own
+    lm = getattr(engine, "lm", None)  # the native engine's fused qkv / gate-up copy
     result = dict(median_run(runs), runs=runs, backend=backend,
+                  fused_weights_gb=lm.fused_bytes / 2**30 if lm is not None else 0.0,
                   pool_pages=pool.num_pages if pool else 0,
                   pool_tokens=pool.num_pages * pool.page_size if pool else 0,
                   config={k: v for k, v in vars(args).items() if k != "json"} | {"dtype": dtype},

@@ -48,7 +48,7 @@ class LLMEngine:
     def __init__(self, model: nn.Module, tokenizer, args: EngineArgs) -> None:
         self.args, self.tokenizer = args, tokenizer
         self.device = torch.device(args.device)
-        self.lm = CausalLM(model)
+        self.lm = CausalLM(model, fuse=self.device.type == "cuda")  # fused qkv, gate/up copy
         self.pool = KVPool(self.lm, args, self.device)
         self.pool.allocate()
         self.runner = ModelRunner(self.lm, self.pool)
@@ -66,16 +66,20 @@ class LLMEngine:
     def sleep(self) -> None:
         """Free the KV pool (and query ring, and decode graphs) for the training phase."""
         self.runner.graphs = None
+        self.lm.release_fused()
         self.pool.release()
 
     def wake(self) -> None:
         if not self.pool.allocated:
+            if self.lm.fuse:  # before the pool, which takes a share of what is left
+                self.lm.fuse_weights()
             self.pool.allocate()
             self._reset_graphs()
 
     def update_weights(self, model: nn.Module) -> None:
-        """Re-bind to the (possibly new) parameter tensors of `model`; nothing is copied.
-        Captured decode graphs are dropped (they hold the old tensors' addresses)."""
+        """Re-bind to the (possibly new) parameter tensors of `model`; only the fused
+        qkv / gate-up copy (CUDA) is rebuilt. Captured decode graphs are dropped (they hold
+        the old tensors' addresses)."""
         self.lm.bind(model)
         self._reset_graphs()
 

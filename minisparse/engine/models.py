@@ -29,9 +29,18 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class CausalLM:
-    """Forward over a bound HF causal LM. Supports GQA, qkv/mlp biases, tied embeddings."""
+    """Forward over a bound HF causal LM. Supports GQA, qkv/mlp biases, tied embeddings.
 
-    def __init__(self, model: nn.Module) -> None:
+    fuse=True keeps a rollout-time copy of each layer's q/k/v and gate/up weights
+    concatenated (one GEMM each instead of three and two; at decode batch sizes the small
+    k/v products and the extra launches cost more than the copy's memory). The copy is made
+    at bind() (update_weights) and on demand, dropped by release_fused() (sleep), and
+    fused_bytes reports its size; in-place weight updates are seen only after the next
+    bind(), which is when the trainer pushes new weights anyway."""
+
+    def __init__(self, model: nn.Module, fuse: bool = False) -> None:
+        self.fuse = fuse
+        self.fused: list[tuple] | None = None
         self.bind(model)
         cfg = model.config
         self.num_layers = cfg.num_hidden_layers
@@ -53,6 +62,36 @@ class CausalLM:
             raise NotImplementedError("dynamic rope scaling is not supported by the engine")
         self.inv_freq = rotary.inv_freq.float()
         self.attention_scaling = float(rotary.attention_scaling)
+        self.release_fused()
+        if self.fuse:
+            self.fuse_weights()
+
+    def fuse_weights(self) -> None:
+        """(Re)build the concatenated qkv and gate/up weights from the bound modules."""
+        self.release_fused()
+
+        def cat(*mods):
+            w = torch.cat([m.weight.detach() for m in mods])
+            bias = [m.bias for m in mods]
+            b = None if bias[0] is None else torch.cat([x.detach() for x in bias])
+            return w, b
+
+        self.fused = []
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            if (a.k_proj.bias is None) != (a.q_proj.bias is None) or m.up_proj.bias is not None:
+                raise NotImplementedError("fused weights need uniform q/k/v biases and "
+                                          "bias-free gate/up projections")
+            self.fused.append((*cat(a.q_proj, a.k_proj, a.v_proj), cat(m.gate_proj, m.up_proj)[0]))
+
+    def release_fused(self) -> None:
+        self.fused = None
+
+    @property
+    def fused_bytes(self) -> int:
+        if not self.fused:
+            return 0
+        return sum(t.numel() * t.element_size() for f in self.fused for t in f if t is not None)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -77,9 +116,7 @@ class CausalLM:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = rms_norm(h, layer.input_layernorm)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(N, -1, self.head_dim)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(N, -1, self.head_dim)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(N, -1, self.head_dim)
+            q, k, v = self._qkv(i, x)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             if q_ring is not None and ctx.ring_src is not None:
@@ -88,10 +125,29 @@ class CausalLM:
             h = h + F.linear(o.reshape(N, -1), attn.o_proj.weight, attn.o_proj.bias)
             x = rms_norm(h, layer.post_attention_layernorm)
             mlp = layer.mlp
-            gate = mlp.act_fn(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
-            up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+            if self.fused:
+                gate, up = F.linear(x, self.fused[i][2]).chunk(2, dim=-1)
+                gate = mlp.act_fn(gate)
+            else:
+                gate = mlp.act_fn(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
+                up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
             h = h + F.linear(gate * up, mlp.down_proj.weight, mlp.down_proj.bias)
         return rms_norm(h, self.base.norm)
+
+    def _qkv(self, i: int, x: torch.Tensor):
+        """q [N, H_q, D], k and v [N, H_kv, D] of layer i: one GEMM when fused."""
+        N, D = x.shape[0], self.head_dim
+        if self.fused:
+            w, b = self.fused[i][:2]
+            qkv = F.linear(x, w, b)
+            q, k, v = qkv.split([self.num_heads * D, self.num_kv_heads * D,
+                                 self.num_kv_heads * D], dim=-1)
+            return q.view(N, -1, D), k.view(N, -1, D), v.view(N, -1, D)
+        attn = self.layers[i].self_attn
+        q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(N, -1, D)
+        k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(N, -1, D)
+        v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(N, -1, D)
+        return q, k, v
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The lm_head product in the model dtype (the fused sampler reads it as is)."""
