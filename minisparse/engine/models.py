@@ -9,11 +9,30 @@ yarn, ...); dynamic (input-length dependent) rope types are not supported.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisparse.engine.layers.attention import AttnContext, paged_attention
+from minisparse.engine.layers.attention import AttnContext, attend, paged_attention
+
+_fused_ops = None  # layers.fused_ops (Triton), imported on the first CUDA forward
+
+
+def fused_ops():
+    """The Triton elementwise kernels, or False when Triton cannot be imported or
+    MINISPARSE_ENGINE_KERNELS=0 (the bench's ablation switch)."""
+    global _fused_ops
+    if _fused_ops is None and os.environ.get("MINISPARSE_ENGINE_KERNELS", "1") == "0":
+        _fused_ops = False
+    if _fused_ops is None:
+        try:
+            from minisparse.engine.layers import fused_ops as mod
+            _fused_ops = mod
+        except ImportError:
+            _fused_ops = False
+    return _fused_ops
 
 
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -112,6 +131,8 @@ class CausalLM:
         k_cache/v_cache [layers, slots, H_kv, D]; q_ring [layers, rows, H_q, D] or None."""
         h = F.embedding(input_ids, self.base.embed_tokens.weight)
         cos, sin = self.rope(positions, h.dtype)
+        if self._use_kernels(h):
+            return self._forward_kernels(h, cos, sin, ctx, k_cache, v_cache, q_ring)
         N = h.shape[0]
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -133,6 +154,38 @@ class CausalLM:
                 up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
             h = h + F.linear(gate * up, mlp.down_proj.weight, mlp.down_proj.bias)
         return rms_norm(h, self.base.norm)
+
+    def _use_kernels(self, h: torch.Tensor) -> bool:
+        """The Triton path needs CUDA, the fused weights, SiLU and power-of-two heads."""
+        if not (h.is_cuda and self.fused and fused_ops()):
+            return False
+        act = getattr(self.model.config, "hidden_act", "silu")
+        return act == "silu" and fused_ops().rope_supported(self.num_heads, self.num_kv_heads,
+                                                            self.head_dim)
+
+    def _forward_kernels(self, h, cos, sin, ctx, k_cache, v_cache, q_ring) -> torch.Tensor:
+        """forward() with one Triton kernel per elementwise stage (layers.fused_ops): each
+        residual add rides with the next RMSNorm, RoPE writes K/V straight into the pool,
+        SiLU(gate) * up reads the fused gate/up product. Same roundings as forward()."""
+        ops, N = fused_ops(), h.shape[0]
+        norms = [layer.input_layernorm for layer in self.layers]
+        x, h = ops.add_rms_norm(h, None, norms[0].weight, norms[0].variance_epsilon)
+        for i, layer in enumerate(self.layers):
+            attn, (w_qkv, b_qkv, w_gu) = layer.self_attn, self.fused[i]
+            q = ops.rope_and_cache(F.linear(x, w_qkv, b_qkv), cos, sin, ctx.slot_mapping,
+                                   k_cache[i], v_cache[i], self.num_heads, self.num_kv_heads)
+            if q_ring is not None and ctx.ring_src is not None:
+                q_ring[i][ctx.ring_dst] = q[ctx.ring_src]
+            o = attend(q, k_cache[i], v_cache[i], ctx, self.scale)
+            o = F.linear(o.reshape(N, -1), attn.o_proj.weight, attn.o_proj.bias)
+            post = layer.post_attention_layernorm
+            x, h = ops.add_rms_norm(o, h, post.weight, post.variance_epsilon)
+            mlp = layer.mlp
+            o = F.linear(ops.silu_mul(F.linear(x, w_gu)), mlp.down_proj.weight,
+                         mlp.down_proj.bias)
+            nxt = norms[i + 1] if i + 1 < len(norms) else self.base.norm
+            x, h = ops.add_rms_norm(o, h, nxt.weight, nxt.variance_epsilon)
+        return x
 
     def _qkv(self, i: int, x: torch.Tensor):
         """q [N, H_q, D], k and v [N, H_kv, D] of layer i: one GEMM when fused."""

@@ -53,6 +53,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     Returns the attention output [N, H_q, D]."""
     k_cache[ctx.slot_mapping] = k
     v_cache[ctx.slot_mapping] = v
+    return attend(q, k_cache, v_cache, ctx, scale)
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext,
+           scale: float) -> torch.Tensor:
+    """paged_attention without the write, for callers that wrote the step's K/V already
+    (the fused RoPE + cache-write kernel)."""
     if ctx.is_decode:
         return paged_decode_attention(q, k_cache, v_cache, ctx.page_table, ctx.rows,
                                       ctx.cache_lens, ctx.page_size, scale, max_len=ctx.max_len)

@@ -1,0 +1,124 @@
+"""Triton kernels for the per-layer elementwise work of a forward on CUDA: residual add +
+RMSNorm, RoPE + K/V cache write, SiLU(gate) * up.
+
+Why: at decode batch sizes each of these is a handful of tiny PyTorch kernels (RMSNorm
+alone is ~7: upcast, square, mean, rsqrt, scale, downcast, weight), ~35 launches per
+layer in all, and inside a CUDA graph each still costs its launch and a pass over memory.
+One kernel per step of the layer cuts that to ~10. Each kernel reproduces the PyTorch
+path's roundings (float32 statistics, bf16 results of each HF operation), so the engine
+computes the same function as models.py's reference path, which stays the CPU path.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_kernel(X, RES, W, OUT, RES_OUT, eps, N: tl.constexpr, BLOCK: tl.constexpr,
+                    HAS_RES: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * N + cols, mask=mask, other=0.0)
+    if HAS_RES:  # h = h + x, rounded to the model dtype as PyTorch's add
+        x = (x.to(tl.float32) + tl.load(RES + row * N + cols, mask=mask, other=0.0)
+             .to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(RES_OUT + row * N + cols, x, mask=mask)
+    h = x.to(tl.float32)
+    var = tl.sum(h * h, 0) / N
+    y = (h * tl.rsqrt(var + eps)).to(X.dtype.element_ty)
+    w = tl.load(W + cols, mask=mask, other=0.0)
+    tl.store(OUT + row * N + cols, (w.to(tl.float32) * y.to(tl.float32)).to(OUT.dtype.element_ty),
+             mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(h) * weight, h) with h = residual + x (or x when residual is None);
+    x, residual [T, N] contiguous in the model dtype."""
+    T, N = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
+    if T:
+        _add_rms_kernel[(T,)](x, residual if residual is not None else x, weight, out, res_out,
+                              eps, N=N, BLOCK=triton.next_power_of_2(N),
+                              HAS_RES=residual is not None, num_warps=4)
+    return out, res_out
+
+
+@triton.jit
+def _rope_kernel(QKV, COS, SIN, Q_OUT, K_CACHE, V_CACHE, SLOTS, stride_t, stride_slot,
+                 HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
+    """One program per token: rotate its HQ query heads into Q_OUT, its HKV key heads into
+    the cache slot, and copy its value heads there. x * cos + rotate_half(x) * sin, each
+    product and the sum rounded to the model dtype as in the PyTorch path."""
+    t = tl.program_id(0).to(tl.int64)
+    half: tl.constexpr = D // 2
+    d = tl.arange(0, D)
+    partner = tl.where(d < half, d + half, d - half)
+    sign = tl.where(d < half, -1.0, 1.0)
+    cos = tl.load(COS + t * D + d).to(tl.float32)
+    sin = tl.load(SIN + t * D + d).to(tl.float32)
+    dt = Q_OUT.dtype.element_ty
+    base = QKV + t * stride_t
+    slot = tl.load(SLOTS + t).to(tl.int64)
+    hq = tl.arange(0, HQ)[:, None]
+    x = tl.load(base + hq * D + d[None, :]).to(tl.float32)
+    xr = tl.load(base + hq * D + partner[None, :]).to(tl.float32)
+    a = (x * cos[None, :]).to(dt).to(tl.float32)
+    b = ((xr * sign[None, :]).to(dt).to(tl.float32) * sin[None, :]).to(dt).to(tl.float32)
+    tl.store(Q_OUT + t * HQ * D + hq * D + d[None, :], (a + b).to(dt))
+    hk = tl.arange(0, HKV)[:, None]
+    koff = base + HQ * D + hk * D
+    x = tl.load(koff + d[None, :]).to(tl.float32)
+    xr = tl.load(koff + partner[None, :]).to(tl.float32)
+    a = (x * cos[None, :]).to(dt).to(tl.float32)
+    b = ((xr * sign[None, :]).to(dt).to(tl.float32) * sin[None, :]).to(dt).to(tl.float32)
+    tl.store(K_CACHE + slot * stride_slot + hk * D + d[None, :], (a + b).to(dt))
+    v = tl.load(base + (HQ + HKV) * D + hk * D + d[None, :])
+    tl.store(V_CACHE + slot * stride_slot + hk * D + d[None, :], v)
+
+
+def rope_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
+                   num_kv_heads: int) -> torch.Tensor:
+    """qkv [T, (HQ + 2 HKV) D] (one fused projection); cos/sin [T, 1, D]; slots [T] pool
+    slots. Writes rotated K and V into k/v_cache [S, HKV, D] at slots, returns rotated
+    q [T, HQ, D]. Head counts must be powers of two (Triton block shapes)."""
+    T = qkv.shape[0]
+    D = cos.shape[-1]
+    q = torch.empty(T, num_heads, D, dtype=qkv.dtype, device=qkv.device)
+    if T:
+        _rope_kernel[(T,)](qkv, cos, sin, q, k_cache, v_cache, slots, qkv.stride(0),
+                           k_cache.stride(0), HQ=num_heads, HKV=num_kv_heads, D=D, num_warps=4)
+    return q
+
+
+def rope_supported(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    pow2 = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
+    return pow2(num_heads) and pow2(num_kv_heads) and pow2(head_dim)
+
+
+@triton.jit
+def _silu_mul_kernel(GU, OUT, N: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < N
+    g = tl.load(GU + row * 2 * N + c, mask=mask, other=0.0)
+    u = tl.load(GU + row * 2 * N + N + c, mask=mask, other=0.0)
+    gf = g.to(tl.float32)
+    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu: float32 math, model-dtype result
+    tl.store(OUT + row * N + c, (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [T, 2N] = [gate | up] (the fused projection)."""
+    T, N2 = gate_up.shape
+    N = N2 // 2
+    out = torch.empty(T, N, dtype=gate_up.dtype, device=gate_up.device)
+    if T:
+        block = 1024
+        _silu_mul_kernel[(T, triton.cdiv(N, block))](gate_up, out, N=N, BLOCK=block, num_warps=4)
+    return out

@@ -1,0 +1,58 @@
+#!/bin/bash
+# Rollout engine speed on one GPU (issue 9), run from this checkout's root on the GPU machine:
+#   STEPS=kernels   the fused-sampler GPU tests against the PyTorch reference
+#   STEPS=quick     bench 256 x 1024 (dense, R-KV 512/128), this tree and BEFORE (if set);
+#                   with 'ablate' also this tree with MINISPARSE_ENGINE_KERNELS=0
+#   STEPS=profile   scripts/profile_engine.py, dense and R-KV, batch 256
+#   STEPS=exact     the engine's GPU exactness tests (tests/engine/test_gpu.py)
+#   STEPS=full      bench 256 x 4096 dense and R-KV (REPEATS runs), this tree and BEFORE
+#   STEPS=big       R-KV 512/128 with 1,024 sequences x NEW_BIG tokens
+# BEFORE: another checkout (the baseline) benched in the same command; logs go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOGS=${OUT:-/tmp/gpu_engine_speed}
+mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+STEPS=${STEPS:-kernels,quick,profile}
+REPEATS=${REPEATS:-3}
+NEW_BIG=${NEW_BIG:-4096}
+COMMON="--model qwen2.5-3b --device cuda --prompt-len 160 --warmup 32"
+RKV="--compress rkv --budget 512 --divide-length 128"
+
+bench() {  # name dir args...
+    local name=$1 dir=$2; shift 2
+    (cd "$dir" && python3 -m minisparse.engine.bench $COMMON "$@" --json "$LOGS/$name.json") \
+        2>&1 | grep -v Warning | tee "$LOGS/$name.log" | grep "^\[bench"
+}
+
+[[ $STEPS == *kernels* ]] && python3 -m pytest -q -x tests/engine/test_sampler_triton.py \
+    tests/engine/test_fused_ops.py tests/engine/test_gpu_paged_decode.py 2>&1 | tail -5
+if [[ $STEPS == *quick* ]]; then
+    for mode in dense rkv; do
+        extra=""; [[ $mode == rkv ]] && extra=$RKV
+        bench "quick_${mode}_after" . --batch 256 --max-new 1024 --repeats 1 $extra
+        [[ $STEPS == *ablate* ]] && MINISPARSE_ENGINE_KERNELS=0 bench "quick_${mode}_nokern" . \
+            --batch 256 --max-new 1024 --repeats 1 $extra
+        [[ -n ${BEFORE:-} ]] && bench "quick_${mode}_before" "$BEFORE" --batch 256 --max-new 1024 \
+            --repeats 1 $extra
+    done
+fi
+if [[ $STEPS == *profile* ]]; then
+    for mode in dense rkv; do
+        extra=""; [[ $mode == rkv ]] && extra=$RKV
+        python3 scripts/profile_engine.py $COMMON --batch 256 --max-new 1024 --warmup 256 \
+            --steps 32 --top 18 $extra 2>&1 | grep -v Warning | tee "$LOGS/profile_$mode.log" | tail -32
+    done
+fi
+[[ $STEPS == *exact* ]] && python3 -m pytest -q tests/engine/test_gpu.py 2>&1 | tail -5
+if [[ $STEPS == *full* ]]; then
+    for mode in dense rkv; do
+        extra=""; [[ $mode == rkv ]] && extra=$RKV
+        bench "full_${mode}_after" . --batch 256 --max-new 4096 --repeats "$REPEATS" $extra
+        [[ -n ${BEFORE:-} ]] && bench "full_${mode}_before" "$BEFORE" --batch 256 --max-new 4096 \
+            --repeats "${BEFORE_REPEATS:-1}" $extra
+    done
+fi
+[[ $STEPS == *big* ]] && bench big_rkv_after . --batch 1024 --max-num-seqs 1024 \
+    --max-new "$NEW_BIG" --repeats 1 $RKV
+exit 0

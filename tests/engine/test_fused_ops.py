@@ -1,0 +1,116 @@
+"""The Triton elementwise kernels of layers/fused_ops against the PyTorch operations they
+replace (models.py's reference path), under Triton's interpreter on CPU and on CUDA when
+present; and the whole kernel forward of CausalLM against the reference forward."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minisparse.engine.models as models_mod
+from engine_helpers import build, make_engine, prompts
+from minisparse.engine import SamplingParams
+from minisparse.engine.models import rms_norm, rotate_half
+from triton_interpreter import import_interpreted
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return import_interpreted("minisparse.engine.layers.fused_ops")
+
+
+def _ops(ops, device):
+    if device == "cpu":
+        return ops
+    from minisparse.engine.layers import fused_ops
+    return fused_ops
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Bit-equal, except bf16 under the interpreter, whose float32 -> bf16 casts truncate
+    instead of rounding (Triton 3.6): there within a few bf16 ulps."""
+    if got.dtype == torch.bfloat16 and not got.is_cuda:
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    else:
+        assert torch.equal(got, want)
+
+
+class _Norm(torch.nn.Module):
+    def __init__(self, w: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight, self.variance_epsilon = w, eps
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_rms_norm(ops, device, dtype):
+    g = torch.Generator().manual_seed(1)
+    x, res = (torch.randn(5, 96, generator=g).to(device, dtype) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(96, generator=g)).to(device, dtype)
+    out, h = _ops(ops, device).add_rms_norm(x, res, w, 1e-6)
+    _same(h, res + x)
+    tol = dict(atol=1e-6, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5)
+    torch.testing.assert_close(out, rms_norm(res + x, _Norm(w, 1e-6)), **tol)
+    out, h = _ops(ops, device).add_rms_norm(x, None, w, 1e-6)
+    assert h is x
+    torch.testing.assert_close(out, rms_norm(x, _Norm(w, 1e-6)), **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_and_cache_write(ops, device, dtype):
+    g = torch.Generator().manual_seed(2)
+    T, HQ, HKV, D, S = 6, 4, 2, 16, 20
+    qkv = torch.randn(T, (HQ + 2 * HKV) * D, generator=g).to(device, dtype)
+    ang = torch.rand(T, 1, D, generator=g) * 6
+    cos, sin = ang.cos().to(device, dtype), ang.sin().to(device, dtype)
+    slots = torch.randperm(S, generator=g)[:T].to(device)
+    k_cache = torch.full((S, HKV, D), float("nan"), dtype=dtype, device=device)
+    v_cache = k_cache.clone()
+    q = _ops(ops, device).rope_and_cache(qkv, cos, sin, slots, k_cache, v_cache, HQ, HKV)
+    rq, rk, rv = qkv.split([HQ * D, HKV * D, HKV * D], dim=-1)
+    rq, rk, rv = rq.reshape(T, HQ, D), rk.reshape(T, HKV, D), rv.reshape(T, HKV, D)
+    _same(q, rq * cos + rotate_half(rq) * sin)
+    _same(k_cache[slots], rk * cos + rotate_half(rk) * sin)
+    assert torch.equal(v_cache[slots], rv)
+    untouched = torch.ones(S, dtype=torch.bool, device=device)
+    untouched[slots] = False
+    assert bool(k_cache[untouched].isnan().all()) and bool(v_cache[untouched].isnan().all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul(ops, device, dtype):
+    g = torch.Generator().manual_seed(3)
+    gu = (torch.randn(3, 2 * 1500, generator=g) * 4).to(device, dtype)
+    gate, up = gu.chunk(2, dim=-1)
+    torch.testing.assert_close(_ops(ops, device).silu_mul(gu), F.silu(gate) * up,
+                               atol=1e-6, rtol=2e-2 if dtype == torch.bfloat16 else 1e-6)
+
+
+def test_rope_supported(ops):
+    assert ops.rope_supported(16, 2, 128) and not ops.rope_supported(12, 2, 128)
+
+
+def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2):
+    """The whole engine on the kernel path (interpreted) vs the reference path: same greedy
+    tokens, log-probs equal to float32 rounding, dense and with the query ring (R-KV)."""
+    from minisparse.config import CompressConfig
+
+    ps = prompts(2, lo=4, hi=12)
+    params = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
+    cfg = CompressConfig(algorithm="rkv", budget=12, window=4, divide_length=4, kernel_size=3)
+    want = [make_engine(qwen2, c, page_size=4).generate(ps, params) for c in (None, cfg)]
+    monkeypatch.setattr(models_mod, "_fused_ops", ops)
+    monkeypatch.setattr(models_mod.CausalLM, "_use_kernels", lambda self, h: bool(self.fused))
+    for c, ref in zip((None, cfg), want):
+        engine = make_engine(qwen2, c, page_size=4)
+        engine.lm.fuse = True
+        engine.lm.fuse_weights()
+        got = engine.generate(ps, params)
+        for a, b in zip(got, ref):
+            assert a.token_ids == b.token_ids
+            torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+    assert build("llama").config.hidden_act == "silu"
