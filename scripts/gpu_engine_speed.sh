@@ -14,6 +14,7 @@ LOGS=${OUT:-/tmp/gpu_engine_speed}
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 STEPS=${STEPS:-kernels,quick,profile}
+PROFILE_MODES=${PROFILE_MODES:-dense rkv}
 REPEATS=${REPEATS:-3}
 NEW_BIG=${NEW_BIG:-4096}
 COMMON="--model qwen2.5-3b --device cuda --prompt-len 160 --warmup 32"
@@ -21,12 +22,15 @@ RKV="--compress rkv --budget 512 --divide-length 128"
 
 bench() {  # name dir args...
     local name=$1 dir=$2; shift 2
-    (cd "$dir" && python3 -m minisparse.engine.bench $COMMON "$@" --json "$LOGS/$name.json") \
+    (cd "$dir" && timeout "${BENCH_S:-150}" python3 -m minisparse.engine.bench $COMMON "$@" --json "$LOGS/$name.json") \
         2>&1 | grep -v Warning | tee "$LOGS/$name.log" | grep "^\[bench"
 }
 
-[[ $STEPS == *kernels* ]] && python3 -m pytest -q -x tests/engine/test_sampler_triton.py \
-    tests/engine/test_fused_ops.py tests/engine/test_gpu_paged_decode.py 2>&1 | tail -5
+if [[ $STEPS == *kernels* ]]; then  # compiled kernels; one process each (no interpreter)
+    for t in test_gpu_kernels; do
+        timeout 90 python3 -m pytest -q -x tests/engine/$t.py 2>&1 | tee "$LOGS/$t.log" | tail -3
+    done
+fi
 if [[ $STEPS == *quick* ]]; then
     for mode in dense rkv; do
         extra=""; [[ $mode == rkv ]] && extra=$RKV
@@ -38,13 +42,14 @@ if [[ $STEPS == *quick* ]]; then
     done
 fi
 if [[ $STEPS == *profile* ]]; then
-    for mode in dense rkv; do
+    for mode in $PROFILE_MODES; do
         extra=""; [[ $mode == rkv ]] && extra=$RKV
-        python3 scripts/profile_engine.py $COMMON --batch 256 --max-new 1024 --warmup 256 \
-            --steps 32 --top 18 $extra 2>&1 | grep -v Warning | tee "$LOGS/profile_$mode.log" | tail -32
+        timeout 80 python3 scripts/profile_engine.py $COMMON --batch 256 --max-new 1024 \
+            --warmup 256 --steps 32 --top 18 $extra 2>&1 | grep -v Warning | tee "$LOGS/profile_$mode.log" | tail -32
     done
 fi
-[[ $STEPS == *exact* ]] && python3 -m pytest -q tests/engine/test_gpu.py 2>&1 | tail -5
+[[ $STEPS == *exact* ]] && timeout "${EXACT_S:-150}" python3 -m pytest -q tests/engine/test_gpu.py \
+    2>&1 | tee "$LOGS/test_gpu.log" | tail -5
 if [[ $STEPS == *full* ]]; then
     for mode in dense rkv; do
         extra=""; [[ $mode == rkv ]] && extra=$RKV

@@ -1,7 +1,8 @@
 """The fused Triton sampler against the PyTorch reference sampler (layers/sampler.py): the
 same tokens from the same counter-hash noise, the same untruncated log-probs, greedy with
-lowest-id ties. On CPU the kernel runs under Triton's interpreter (tiny shapes, several
-vocab chunks per row so the merge is exercised); on CUDA at the real vocabulary."""
+lowest-id ties. The kernel runs under Triton's interpreter (tiny shapes, several vocab
+chunks per row so the merge is exercised); test_gpu_kernels.py runs it compiled on CUDA at
+the real vocabulary (a separate module: the interpreter switch is process-wide)."""
 from __future__ import annotations
 
 import pytest
@@ -89,13 +90,3 @@ def test_bad_input_is_named(st):
         st.fused_sample(logits, 1.0, -1, 1.0, seeds[:1], steps)
     with pytest.raises(ValueError, match="block"):
         st.fused_sample(logits, 1.0, -1, 1.0, seeds, steps, chunk=100, block=64)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("T,k,p", CASES)
-def test_gpu_matches_reference_at_full_vocab(T, k, p):
-    from minisparse.engine.layers import sampler_triton
-
-    logits, seeds, steps = _inputs(256, 151_936, seed=5, device="cuda", dtype=torch.bfloat16)
-    # log-space race vs the reference's p / E: rounding may flip a near-tie, rarely
-    _check(sampler_triton, logits, seeds, steps, T, k, p, max_mismatch=2)
