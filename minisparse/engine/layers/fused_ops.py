@@ -55,10 +55,10 @@ def _rope_kernel(QKV, COS, SIN, Q_OUT, K_CACHE, V_CACHE, SLOTS, stride_t, stride
     the cache slot, and copy its value heads there. x * cos + rotate_half(x) * sin, each
     product and the sum rounded to the model dtype as in the PyTorch path."""
     t = tl.program_id(0).to(tl.int64)
-    half: tl.constexpr = D // 2
     d = tl.arange(0, D)
-    partner = tl.where(d < half, d + half, d - half)
-    sign = tl.where(d < half, -1.0, 1.0)
+    first = d < D // 2
+    partner = tl.where(first, d + D // 2, d - D // 2)
+    sign = tl.where(first, -1.0, 1.0)
     cos = tl.load(COS + t * D + d).to(tl.float32)
     sin = tl.load(SIN + t * D + d).to(tl.float32)
     dt = Q_OUT.dtype.element_ty
