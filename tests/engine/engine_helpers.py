@@ -138,6 +138,14 @@ def track(engine, monkeypatch) -> Tracker:
     real_select = engine.policy.select_batch
     monkeypatch.setattr(models_mod, "paged_attention",
                         lambda *a: tr.attention(real_attn, *a))
+    real_attend = models_mod.attend
+
+    def attend(q, k_cache, v_cache, ctx, scale):  # CUDA kernel path: K/V already written
+        keys, values = k_cache[ctx.slot_mapping], v_cache[ctx.slot_mapping]
+        return tr.attention(lambda q, k, v, kc, vc, c, s: real_attend(q, kc, vc, c, s),
+                            q, keys, values, k_cache, v_cache, ctx, scale)
+
+    monkeypatch.setattr(models_mod, "attend", attend)
     runner = engine.runner
     real_decode, real_prefill = runner.decode, runner.prefill
     monkeypatch.setattr(runner, "decode",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisparse.engine.layers.sampler import sample, truncate
+from minisparse.engine.layers.sampler import sample, truncate, uniform_noise
 from triton_interpreter import import_interpreted
 
 CASES = [(0.0, -1, 1.0), (1.0, -1, 1.0), (0.7, -1, 1.0), (0.8, 20, 1.0), (1.0, -1, 0.6),
@@ -29,16 +29,29 @@ def _inputs(B: int, V: int, seed: int, device="cpu", dtype=torch.float32):
 
 
 def _check(st, logits, seeds, steps, T, k, p, max_mismatch=0, **kw):
+    """Tokens equal the reference race's (same noise) over the kernel's kept set: the
+    reference's top-k / top-p set plus the tokens tied with its last one (common with bf16
+    logits and top-p); with no ties that is sampler.sample itself."""
     tokens, lps = st.fused_sample(logits, T, k, p, seeds, steps, **kw)
-    ref_t, ref_lp = sample(logits.float(), T, k, p, seeds, steps)
     assert tokens.dtype == torch.int64 and lps.dtype == torch.float32
+    scaled = logits.float() / (T if T not in (0, 1) else 1.0)
+    ref_kept = truncate(scaled, k, p) > -float("inf")
+    thresh = None if T == 0 else st.truncation_threshold(logits, T, k, p)
+    kept = ref_kept if thresh is None else logits.float() >= thresh[:, None]
+    assert bool((kept | ~ref_kept).all())
+    if T == 0:
+        ref_t = logits.float().argmax(-1)
+    else:
+        e = uniform_noise(seeds, steps, logits.shape[-1]).log_().neg_()
+        prob = (scaled - scaled.amax(-1, keepdim=True)).exp().masked_fill(~kept, 0.0)
+        ref_t = (prob / e).argmax(-1)
+    if bool((kept == ref_kept).all()):
+        assert torch.equal(ref_t, sample(logits.float(), T, k, p, seeds, steps)[0])
     assert int((tokens != ref_t).sum()) <= max_mismatch, (tokens, ref_t)
     # the log-prob is of the token it returned, under the untruncated T-scaled softmax
-    scaled = logits.float() / (T if T not in (0, 1) else 1.0)
     want = torch.log_softmax(scaled, -1).gather(-1, tokens[:, None])[:, 0]
     torch.testing.assert_close(lps, want, atol=2e-5, rtol=0)
-    kept = truncate(scaled, k, p).gather(-1, tokens[:, None])[:, 0] > -float("inf")
-    assert bool(kept.all()), "a truncated token was sampled"
+    assert bool(kept.gather(-1, tokens[:, None]).all()), "a truncated token was sampled"
     return tokens
 
 
