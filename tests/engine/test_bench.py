@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from minisparse.engine.bench import median_run, parse_args, run
+from minisparse.engine.bench import median_run, parse_args, run, warmup_tokens
 
 
 def test_median_run_picks_the_middle_tokens_per_s():
@@ -25,3 +25,11 @@ def test_bench_writes_median_of_repeats(tmp_path, tiny_path):
     assert saved["tokens_per_s"] == median_run(saved["runs"])["tokens_per_s"]
     assert saved["peak_kv_tokens_per_seq"] <= 16 + 4
     assert saved["compressions"] > 0 and result["preemptions"] == 0
+
+
+def test_warmup_reaches_the_first_compression():
+    base = ["--prompt-len", "160", "--budget", "512", "--divide-length", "128", "--warmup", "32"]
+    assert warmup_tokens(parse_args(base)) == 32  # dense: as given
+    rkv = parse_args(base + ["--compress", "rkv"])
+    assert warmup_tokens(rkv) == 512 + 128 - 160 + 2
+    assert warmup_tokens(parse_args(base + ["--compress", "rkv", "--warmup", "0"])) == 0
