@@ -124,13 +124,15 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
             peak_pages_used=s.peak_pages_used, preemptions=s.preemptions,
             compressions=s.compressions, evicted_tokens=s.evicted_tokens,
             peak_gpu_memory_gb=(torch.cuda.max_memory_allocated() / 2**30
-                                if args.device.startswith("cuda") else 0.0)))
+                                if args.device.startswith("cuda") else 0.0),
+            device_used_gb=device_used_gb(args.device)))
         print(f"[bench {r + 1}/{args.repeats}] {backend} model={args.model} compress={args.compress} "
               f"batch={args.batch} prompt={args.prompt_len} new={args.max_new}: "
               f"{s.tokens_per_s:.0f} tok/s, {s.generated_tokens} tok in {s.wall_s:.2f}s, "
               f"peak kv {s.peak_kv_tokens} tok (per seq {runs[-1]['peak_kv_tokens_per_seq']}), "
               f"preemptions {s.preemptions}, compressions {s.compressions}, "
-              f"gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB", flush=True)
+              f"gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB (this process), "
+              f"{runs[-1]['device_used_gb']:.1f} GiB in use on the device", flush=True)
     pool = getattr(engine, "pool", None)  # the native engine's; SGLang sizes its own
     result = dict(median_run(runs), runs=runs, backend=backend,
                   pool_pages=pool.num_pages if pool else 0,
@@ -145,6 +147,15 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     return result
+
+
+def device_used_gb(device: str) -> float:
+    """Memory in use on the whole GPU: SGLang holds its pool in a subprocess, which the
+    allocator's own peak cannot see, so the two backends compare only on this figure."""
+    if not device.startswith("cuda"):
+        return 0.0
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return (total - free) / 2**30
 
 
 if __name__ == "__main__":
