@@ -8,6 +8,29 @@ eval, log). Loading, overrides and validation live in this module too (see below
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+# Allowed values of the string settings: validation and every CLI's `choices` read these.
+Dtype = Literal["bfloat16", "float16", "float32"]
+Algorithm = Literal["none", "rkv", "snapkv"]
+DivideMethod = Literal["step_length", "newline"]
+Pooling = Literal["max", "avg"]
+GroupPooling = Literal["max", "mean"]
+Selection = Literal["per_head", "per_layer"]
+Backend = Literal["native", "sglang"]
+LrSchedule = Literal["constant", "cosine", "linear"]
+Advantage = Literal["grpo"]
+KlType = Literal["low_var_kl", "k1", "k2", "k3"]
+Aggregation = Literal["sample_mean", "token_mean"]
+TisLevel = Literal["token", "sequence", "geometric"]
+TisMode = Literal["truncate", "clip", "mask"]
+PromptTemplate = Literal["boxed", "chat"]
+Resume = Literal["auto", "never"]
+
+
+def choices(kind: object) -> tuple[str, ...]:
+    """The allowed values of one of the Literal types above (e.g. for argparse choices)."""
+    return get_args(kind)
 
 
 @dataclass
@@ -15,7 +38,7 @@ class ModelConfig:
     # "tiny" builds (and caches) a tiny random Qwen2 model + tokenizer locally; otherwise a
     # local HF checkpoint directory, or a shape name (qwen2.5-3b, ...) for random weights.
     path: str = "tiny"
-    dtype: str = "bfloat16"  # bfloat16 | float16 | float32
+    dtype: Dtype = "bfloat16"
     gradient_checkpointing: bool = False
 
 
@@ -35,23 +58,23 @@ class DataConfig:
 
 @dataclass
 class CompressConfig:
-    algorithm: str = "none"  # none | rkv | snapkv
+    algorithm: Algorithm = "none"
     budget: int = 512
     window: int = 8
-    divide_method: str = "step_length"  # step_length | newline
+    divide_method: DivideMethod = "step_length"
     divide_length: int = 128
     max_buffer: int | None = None  # newline trigger's hard cap; None -> 4 * divide_length
     kernel_size: int = 7
-    pooling: str = "max"  # max | avg
-    group_pooling: str = "max"  # max | mean
+    pooling: Pooling = "max"
+    group_pooling: GroupPooling = "max"
     mix_lambda: float = 0.1
     sim_threshold: float = 0.5
-    selection: str = "per_head"  # per_head | per_layer
+    selection: Selection = "per_head"
 
 
 @dataclass
 class EngineConfig:
-    backend: str = "native"  # native | sglang (embedded sglang.Engine; dense runs only)
+    backend: Backend = "native"  # sglang: an embedded sglang.Engine, dense runs only
     page_size: int = 16
     # KV pool size: kv_memory_gb if > 0, else this fraction of the free GPU memory
     # (on CPU: of kv_cpu_memory_gb).
@@ -66,7 +89,7 @@ class EngineConfig:
 @dataclass
 class OptimConfig:
     lr: float = 1e-6
-    lr_schedule: str = "constant"  # constant | cosine | linear
+    lr_schedule: LrSchedule = "constant"
     warmup_steps: int = 0
     min_lr: float = 0.0
     weight_decay: float = 0.1
@@ -78,18 +101,18 @@ class OptimConfig:
 
 @dataclass
 class LossConfig:
-    advantage: str = "grpo"  # grpo
+    advantage: Advantage = "grpo"
     normalize_advantage_std: bool = True  # False: Dr.GRPO (no division by the group std)
     eps_clip: float = 0.2
     eps_clip_high: float | None = None  # None -> eps_clip
     kl_coef: float = 1e-4
-    kl_type: str = "low_var_kl"  # low_var_kl | k1 | k2 | k3
+    kl_type: KlType = "low_var_kl"
     entropy_coef: float = 0.0
-    aggregation: str = "sample_mean"  # sample_mean | token_mean
+    aggregation: Aggregation = "sample_mean"
     # Sparse-RL corrections (sampler log-probs vs dense old log-probs).
     use_tis: bool = True
-    tis_level: str = "token"  # token | sequence | geometric
-    tis_mode: str = "truncate"  # truncate | clip | mask
+    tis_level: TisLevel = "token"
+    tis_mode: TisMode = "truncate"
     tis_upper: float = 1.5
     tis_lower: float = 0.5
     use_rs: bool = True
@@ -108,7 +131,7 @@ class EvalConfig:
     temperature: float = 0.8
     top_p: float = 0.95
     n_samples: int | None = None  # None: each benchmark's protocol value (32 on aime24/amc23)
-    prompt_template: str = "boxed"  # boxed | chat
+    prompt_template: PromptTemplate = "boxed"
 
 
 @dataclass
@@ -139,7 +162,7 @@ class Config:
     save_interval: int = 10
     save_total_limit: int | None = None  # keep the newest N complete checkpoints; None: all
     eval_interval: int = 0  # 0: no evaluation during training
-    resume: str = "auto"  # auto | never
+    resume: Resume = "auto"
     max_nonfinite_steps: int = 3
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -169,23 +192,6 @@ import yaml  # noqa: E402
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
-ENUMS: dict[str, tuple[str, ...]] = {
-    "model.dtype": ("bfloat16", "float16", "float32"),
-    "compress.algorithm": ("none", "rkv", "snapkv"),
-    "compress.divide_method": ("step_length", "newline"),
-    "compress.pooling": ("max", "avg"),
-    "compress.group_pooling": ("max", "mean"),
-    "compress.selection": ("per_head", "per_layer"),
-    "engine.backend": ("native", "sglang"),
-    "optim.lr_schedule": ("constant", "cosine", "linear"),
-    "loss.advantage": ("grpo",),
-    "loss.kl_type": ("low_var_kl", "k1", "k2", "k3"),
-    "loss.aggregation": ("sample_mean", "token_mean"),
-    "loss.tis_level": ("token", "sequence", "geometric"),
-    "loss.tis_mode": ("truncate", "clip", "mask"),
-    "eval.prompt_template": ("boxed", "chat"),
-    "resume": ("auto", "never"),
-}
 
 
 class ConfigError(ValueError):
@@ -206,6 +212,17 @@ def _all_keys(cls: type = Config, prefix: str = "") -> list[str]:
     return keys
 
 
+def choice_keys(cls: type = Config, prefix: str = "") -> dict[str, tuple[str, ...]]:
+    """Dotted key -> allowed values, for every key typed with a Literal."""
+    out = {}
+    for name, hint in _hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            out.update(choice_keys(hint, prefix + name + "."))
+        elif _is_choice(hint):
+            out[prefix + name] = typing.get_args(hint)
+    return out
+
+
 def _unknown(key: str) -> ConfigError:
     close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -220,9 +237,13 @@ def _split_optional(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
+def _is_choice(hint: Any) -> bool:
+    return typing.get_origin(hint) is typing.Literal
+
+
 def _type_name(hint: Any) -> str:
     inner, optional = _split_optional(hint)
-    name = getattr(inner, "__name__", str(inner))
+    name = "str" if _is_choice(inner) else getattr(inner, "__name__", str(inner))
     if typing.get_origin(inner) is list:
         name = "list of " + typing.get_args(inner)[0].__name__
     return name + (" or null" if optional else "")
@@ -253,7 +274,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and math.isfinite(value):
             return float(value)
-    elif inner is str:
+    elif inner is str or _is_choice(inner):  # choices are checked by validate_config
         if isinstance(value, str):
             return value
     raise ConfigError(
@@ -301,7 +322,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
     key, text = (s.strip() for s in item.split("=", 1))
     hint = _leaf_hint(key)
     inner, optional = _split_optional(hint)
-    if inner is str and not (optional and text in ("null", "None", "~")):
+    if (inner is str or _is_choice(inner)) and not (optional and text in ("null", "None", "~")):
         return key, text
     try:
         return key, yaml.safe_load(text) if text else ""
@@ -445,9 +466,12 @@ def _check_relations(cfg: Config) -> None:
         )
 
 
+ENUMS = choice_keys()  # the old name of this table
+
+
 def validate_config(cfg: Config) -> None:
     """Enums, ranges and cross-key rules; cheap, so train.py fails before loading a model."""
-    for key, allowed in ENUMS.items():
+    for key, allowed in choice_keys().items():
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from minisparse.benchmarks import Problem, get_spec, load_benchmarks
-from minisparse.config import ConfigError
+from minisparse.config import ConfigError, PromptTemplate, choices
 
 # The paper's default prompt: the question, this instruction, no chat template.
 BOXED_INSTRUCTION = " Please reason step by step, and put your final answer within \\boxed{}.\n\n"
@@ -28,7 +28,7 @@ BOXED_INSTRUCTION = " Please reason step by step, and put your final answer with
 # the model saw exactly this during RL, so the chat template repeats it verbatim.
 CHAT_SYSTEM = "You are a helpful assistant."
 CHAT_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{{}}."
-PROMPT_TEMPLATES = ("boxed", "chat")
+PROMPT_TEMPLATES = choices(PromptTemplate)
 
 
 class ResultsMismatchError(ValueError):

@@ -16,15 +16,16 @@ import time
 
 import torch
 
-from minisparse.config import CompressConfig
+from minisparse.config import Algorithm, Backend, CompressConfig, EngineConfig, choices
 from minisparse.engine import EngineArgs, LLMEngine, SamplingParams
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    c, e = CompressConfig(), EngineConfig()  # the defaults the run config has
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="HF dir, 'tiny', or a shape name")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--backend", default="native", choices=["native", "sglang", "both"])
+    p.add_argument("--backend", default="native", choices=[*choices(Backend), "both"])
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batch", type=int, default=64, help="number of prompts")
     p.add_argument("--prompt-len", type=int, default=256)
@@ -32,15 +33,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--compress", default="none", choices=["none", "rkv", "snapkv"])
-    p.add_argument("--budget", type=int, default=512)
-    p.add_argument("--window", type=int, default=8)
-    p.add_argument("--divide-length", type=int, default=128)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--kv-memory-gb", type=float, default=0.0)
-    p.add_argument("--kv-fraction", type=float, default=0.8)
-    p.add_argument("--max-num-seqs", type=int, default=512)
-    p.add_argument("--max-prefill-tokens", type=int, default=16384)
+    p.add_argument("--compress", default=c.algorithm, choices=choices(Algorithm))
+    p.add_argument("--budget", type=int, default=c.budget)
+    p.add_argument("--window", type=int, default=c.window)
+    p.add_argument("--divide-length", type=int, default=c.divide_length)
+    p.add_argument("--page-size", type=int, default=e.page_size)
+    p.add_argument("--kv-memory-gb", type=float, default=e.kv_memory_gb)
+    p.add_argument("--kv-fraction", type=float, default=e.kv_memory_fraction)
+    p.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs)
+    p.add_argument("--max-prefill-tokens", type=int, default=e.max_prefill_tokens)
     p.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
     p.add_argument("--repeats", type=int, default=1,
                    help="timed runs; the JSON's top-level numbers are the median run's")
