@@ -3,12 +3,14 @@ module share, so a key means the same thing in train.py, eval.py and the engine.
 
 Top-level keys are the slime-style run settings (num_rollout, rollout_batch_size, ...);
 sections group what belongs to one component (model, data, compress, engine, optim, loss,
-eval, log). Loading, overrides and validation live in this module too (see below).
+eval, log). Each field's type carries its allowed values (Literal) or range (Rule);
+config_load.py reads, overrides and validates a Config, config_cli.py adds the CLI flags.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 # Allowed values of the string settings: validation and every CLI's `choices` read these.
 Dtype = Literal["bfloat16", "float16", "float32"]
@@ -33,6 +35,23 @@ def choices(kind: object) -> tuple[str, ...]:
     return get_args(kind)
 
 
+@dataclass(frozen=True)
+class Rule:
+    """A number field's range, checked by validate_config (a None value passes)."""
+    text: str  # what the value must be, as the error message says it
+    ok: Callable[[float], bool]
+
+
+Count = Annotated[int, Rule(">= 1", lambda v: v >= 1)]
+NonNegativeInt = Annotated[int, Rule(">= 0", lambda v: v >= 0)]
+NonNegative = Annotated[float, Rule(">= 0", lambda v: v >= 0)]
+Fraction = Annotated[float, Rule("in [0, 1]", lambda v: 0 <= v <= 1)]
+Share = Annotated[float, Rule("in (0, 1]", lambda v: 0 < v <= 1)]
+Similarity = Annotated[float, Rule("in [-1, 1]", lambda v: -1 <= v <= 1)]
+TopK = Annotated[int, Rule("-1 (off) or >= 1", lambda v: v == -1 or v >= 1)]
+ZeroStage = Annotated[int, Rule("0, 1, 2 or 3", lambda v: v in (0, 1, 2, 3))]
+
+
 @dataclass
 class ModelConfig:
     # "tiny" builds (and caches) a tiny random Qwen2 model + tokenizer locally; otherwise a
@@ -52,73 +71,73 @@ class DataConfig:
     # Wrap plain-string prompts as one user message and apply the chat template.
     # Prompts that are already lists of messages always get the template.
     apply_chat_template: bool = False
-    max_prompt_len: int = 1024  # longer prompts are dropped (and counted in the log)
-    synthetic_size: int = 512  # rows generated when path == "synthetic"
+    max_prompt_len: Count = 1024  # longer prompts are dropped (and counted in the log)
+    synthetic_size: Count = 512  # rows generated when path == "synthetic"
 
 
 @dataclass
 class CompressConfig:
     algorithm: Algorithm = "none"
-    budget: int = 512
-    window: int = 8
+    budget: Count = 512
+    window: Count = 8
     divide_method: DivideMethod = "step_length"
-    divide_length: int = 128
-    max_buffer: int | None = None  # newline trigger's hard cap; None -> 4 * divide_length
-    kernel_size: int = 7
+    divide_length: Count = 128
+    max_buffer: Count | None = None  # newline trigger's hard cap; None -> 4 * divide_length
+    kernel_size: Count = 7
     pooling: Pooling = "max"
     group_pooling: GroupPooling = "max"
-    mix_lambda: float = 0.1
-    sim_threshold: float = 0.5
+    mix_lambda: Fraction = 0.1
+    sim_threshold: Similarity = 0.5
     selection: Selection = "per_head"
 
 
 @dataclass
 class EngineConfig:
     backend: Backend = "native"  # sglang: an embedded sglang.Engine, dense runs only
-    page_size: int = 16
+    page_size: Count = 16
     # KV pool size: kv_memory_gb if > 0, else this fraction of the free GPU memory
     # (on CPU: of kv_cpu_memory_gb).
-    kv_memory_fraction: float = 0.8
-    kv_memory_gb: float = 0.0
-    kv_cpu_memory_gb: float = 1.0
-    max_num_seqs: int = 512
-    max_prefill_tokens: int = 16384  # tokens per prefill batch
+    kv_memory_fraction: Share = 0.8
+    kv_memory_gb: NonNegative = 0.0
+    kv_cpu_memory_gb: NonNegative = 1.0
+    max_num_seqs: Count = 512
+    max_prefill_tokens: Count = 16384  # tokens per prefill batch
     cuda_graphs: bool = True
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-6
+    lr: NonNegative = 1e-6
     lr_schedule: LrSchedule = "constant"
-    warmup_steps: int = 0
-    min_lr: float = 0.0
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0
+    warmup_steps: NonNegativeInt = 0
+    min_lr: NonNegative = 0.0
+    weight_decay: NonNegative = 0.1
+    adam_beta1: Fraction = 0.9
+    adam_beta2: Fraction = 0.98
+    adam_eps: NonNegative = 1e-8
+    grad_clip: NonNegative = 1.0
 
 
 @dataclass
 class LossConfig:
     advantage: Advantage = "grpo"
     normalize_advantage_std: bool = True  # False: Dr.GRPO (no division by the group std)
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None  # None -> eps_clip
-    kl_coef: float = 1e-4
+    eps_clip: NonNegative = 0.2
+    eps_clip_high: NonNegative | None = None  # None -> eps_clip
+    kl_coef: NonNegative = 1e-4
     kl_type: KlType = "low_var_kl"
-    entropy_coef: float = 0.0
+    entropy_coef: NonNegative = 0.0
     aggregation: Aggregation = "sample_mean"
     # Sparse-RL corrections (sampler log-probs vs dense old log-probs).
     use_tis: bool = True
     tis_level: TisLevel = "token"
     tis_mode: TisMode = "truncate"
-    tis_upper: float = 1.5
-    tis_lower: float = 0.5
+    tis_upper: NonNegative = 1.5
+    tis_lower: NonNegative = 0.5
     use_rs: bool = True
-    rs_lower: float | None = None  # None -> tis_lower
-    rs_upper: float | None = None  # None -> tis_upper
-    rs_veto_threshold: float = 1e-4
+    rs_lower: NonNegative | None = None  # None -> tis_lower
+    rs_upper: NonNegative | None = None  # None -> tis_upper
+    rs_veto_threshold: NonNegative = 1e-4
     normalize_weights: bool = True  # divide weights by their batch mean over valid tokens
 
 
@@ -126,11 +145,11 @@ class LossConfig:
 class EvalConfig:
     benchmarks: list[str] = field(default_factory=list)  # empty: the paper's seven
     data_dir: str = "data/eval"  # NAME/test.jsonl per benchmark; see docs/eval.md
-    limit: int | None = None
-    max_new_tokens: int | None = None  # None: each benchmark's protocol value
-    temperature: float = 0.8
-    top_p: float = 0.95
-    n_samples: int | None = None  # None: each benchmark's protocol value (32 on aime24/amc23)
+    limit: Count | None = None
+    max_new_tokens: Count | None = None  # None: each benchmark's protocol value
+    temperature: NonNegative = 0.8
+    top_p: Share = 0.95
+    n_samples: Count | None = None  # None: each benchmark's protocol value (32 on aime24/amc23)
     prompt_template: PromptTemplate = "boxed"
 
 
@@ -146,24 +165,24 @@ class LogConfig:
 class Config:
     # Rollout shape (slime's constraint: rollout_batch_size * n_samples_per_prompt ==
     # global_batch_size * num_steps_per_rollout).
-    num_rollout: int = 100
-    rollout_batch_size: int = 128
-    n_samples_per_prompt: int = 8
-    max_response_len: int = 4096
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    global_batch_size: int = 256
-    num_steps_per_rollout: int = 4
-    max_tokens_per_gpu: int = 8192
-    zero_stage: int = 2
-    seed: int = 42
+    num_rollout: Count = 100
+    rollout_batch_size: Count = 128
+    n_samples_per_prompt: Count = 8
+    max_response_len: Count = 4096
+    temperature: NonNegative = 1.0
+    top_p: Share = 1.0
+    top_k: TopK = -1
+    global_batch_size: Count = 256
+    num_steps_per_rollout: Count = 4
+    max_tokens_per_gpu: Count = 8192
+    zero_stage: ZeroStage = 2
+    seed: NonNegativeInt = 42
     output_dir: str = "outputs/run"
-    save_interval: int = 10
-    save_total_limit: int | None = None  # keep the newest N complete checkpoints; None: all
-    eval_interval: int = 0  # 0: no evaluation during training
+    save_interval: NonNegativeInt = 10
+    save_total_limit: Count | None = None  # keep the newest N complete checkpoints; None: all
+    eval_interval: NonNegativeInt = 0  # 0: no evaluation during training
     resume: Resume = "auto"
-    max_nonfinite_steps: int = 3
+    max_nonfinite_steps: NonNegativeInt = 3
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     compress: CompressConfig = field(default_factory=CompressConfig)

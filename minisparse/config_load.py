@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from minisparse.config import Config, ConfigError
+from minisparse.config import Config, ConfigError, Rule
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -32,15 +32,30 @@ def _all_keys(cls: type = Config, prefix: str = "") -> list[str]:
     return keys
 
 
-def choice_keys(cls: type = Config, prefix: str = "") -> dict[str, tuple[str, ...]]:
-    """Dotted key -> allowed values, for every key typed with a Literal."""
+def _leaf_hints(cls: type = Config, prefix: str = "") -> dict[str, Any]:
+    """Dotted leaf key -> its annotation, Annotated range rules kept."""
     out = {}
-    for name, hint in _hints(cls).items():
+    for name, hint in typing.get_type_hints(cls, include_extras=True).items():
         if dataclasses.is_dataclass(hint):
-            out.update(choice_keys(hint, prefix + name + "."))
-        elif _is_choice(hint):
-            out[prefix + name] = typing.get_args(hint)
+            out.update(_leaf_hints(hint, prefix + name + "."))
+        else:
+            out[prefix + name] = _split_optional(hint)[0]
     return out
+
+
+def choice_keys() -> dict[str, tuple[str, ...]]:
+    """Dotted key -> allowed values, for every key typed with a Literal."""
+    return {k: typing.get_args(h) for k, h in _leaf_hints().items() if _is_choice(h)}
+
+
+def range_rules() -> dict[str, Rule]:
+    """Dotted key -> range Rule, for every number key whose type carries one."""
+    rules = {}
+    for key, hint in _leaf_hints().items():
+        for meta in getattr(hint, "__metadata__", ()):
+            if isinstance(meta, Rule):
+                rules[key] = meta
+    return rules
 
 
 def _unknown(key: str) -> ConfigError:
@@ -202,47 +217,11 @@ def _get(cfg: Config, key: str) -> Any:
     return node
 
 
-_POSITIVE = (
-    "num_rollout rollout_batch_size n_samples_per_prompt max_response_len global_batch_size "
-    "num_steps_per_rollout max_tokens_per_gpu data.max_prompt_len data.synthetic_size "
-    "compress.budget compress.window compress.divide_length compress.kernel_size "
-    "engine.page_size engine.max_num_seqs engine.max_prefill_tokens eval.max_new_tokens "
-    "eval.n_samples eval.limit compress.max_buffer save_total_limit"
-).split()
-_NON_NEGATIVE = (
-    "seed save_interval eval_interval max_nonfinite_steps temperature eval.temperature "
-    "engine.kv_memory_gb engine.kv_cpu_memory_gb optim.lr optim.warmup_steps optim.min_lr "
-    "optim.weight_decay optim.adam_eps optim.grad_clip loss.eps_clip loss.eps_clip_high "
-    "loss.kl_coef loss.entropy_coef loss.tis_lower loss.tis_upper loss.rs_lower "
-    "loss.rs_upper loss.rs_veto_threshold"
-).split()
-_FRACTIONS = "compress.mix_lambda optim.adam_beta1 optim.adam_beta2".split()
-_OPEN_FRACTIONS = "top_p eval.top_p engine.kv_memory_fraction".split()  # in (0, 1]
-
-
 def _check_ranges(cfg: Config) -> None:
-    for key in _POSITIVE:
+    for key, rule in range_rules().items():
         value = _get(cfg, key)
-        if value is not None and value < 1:
-            raise ConfigError(f"config key '{key}' must be >= 1, got {value}")
-    for key in _NON_NEGATIVE:
-        value = _get(cfg, key)
-        if value is not None and value < 0:
-            raise ConfigError(f"config key '{key}' must be >= 0, got {value}")
-    for key in _FRACTIONS:
-        if not 0 <= _get(cfg, key) <= 1:
-            raise ConfigError(f"config key '{key}' must be in [0, 1], got {_get(cfg, key)}")
-    for key in _OPEN_FRACTIONS:
-        if not 0 < _get(cfg, key) <= 1:
-            raise ConfigError(f"config key '{key}' must be in (0, 1], got {_get(cfg, key)}")
-    if not -1 <= cfg.compress.sim_threshold <= 1:
-        raise ConfigError(
-            f"config key 'compress.sim_threshold' must be in [-1, 1], got {cfg.compress.sim_threshold}"
-        )
-    if cfg.top_k == 0 or cfg.top_k < -1:
-        raise ConfigError(f"config key 'top_k' must be -1 (off) or >= 1, got {cfg.top_k}")
-    if cfg.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError(f"config key 'zero_stage' must be 0, 1, 2 or 3, got {cfg.zero_stage}")
+        if value is not None and not rule.ok(value):
+            raise ConfigError(f"config key '{key}' must be {rule.text}, got {value}")
 
 
 def _check_bounds(lower_key: str, upper_key: str, lower: float, upper: float) -> None:
