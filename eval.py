@@ -20,8 +20,10 @@ from pathlib import Path
 from minisparse.benchmarks import BenchmarkError, load_benchmarks, parse_benchmark_names
 from minisparse.config import (
     Algorithm, Backend, Config, ConfigError, DivideMethod, Dtype, EvalConfig, GroupPooling, Pooling,
-    PromptTemplate, Selection, add_config_args, choices, dump_config, load_config,
+    PromptTemplate, Selection, choices,
 )
+from minisparse.config_cli import add_config_args
+from minisparse.config_load import dump_config, load_config
 
 # flag dest -> config key; a flag given on the command line becomes a KEY=VALUE override.
 RUN_FLAGS = {

@@ -33,7 +33,9 @@ from typing import Any
 import torch
 
 from minisparse.benchmarks import BenchmarkError, load_benchmarks
-from minisparse.config import Config, ConfigError, add_config_args, config_from_args, config_to_dict
+from minisparse.config import Config, ConfigError
+from minisparse.config_cli import add_config_args, config_from_args
+from minisparse.config_load import config_to_dict
 from minisparse.data import DataError, require_data_file
 from minisparse.grpo import distributed as dist
 from minisparse.grpo.advantages import group_advantages

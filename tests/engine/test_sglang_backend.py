@@ -13,7 +13,8 @@ import torch
 from transformers import AutoConfig
 
 import fake_sglang
-from minisparse.config import ConfigError, load_config
+from minisparse.config import ConfigError
+from minisparse.config_load import load_config
 from minisparse.engine import EngineArgs, LLMEngine, RolloutBackend, SamplingParams, make_backend
 from minisparse.engine import bench
 from minisparse.engine.engine import eos_token_ids
