@@ -102,6 +102,7 @@ class EngineConfig:
     kv_cpu_memory_gb: NonNegative = 1.0
     max_num_seqs: Count = 512
     max_prefill_tokens: Count = 16384  # tokens per prefill batch
+    max_model_len: Count | None = None  # None: the model's max_position_embeddings
     cuda_graphs: bool = True
 
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 from minisparse.config import Algorithm, Backend, CompressConfig, EngineConfig, choices
-from minisparse.engine import EngineArgs, LLMEngine, SamplingParams
+from minisparse.engine import LLMEngine, SamplingParams
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,18 +67,18 @@ def build(args: argparse.Namespace, backend: str = "native"):
     model.eval()
     compress = CompressConfig(algorithm=args.compress, budget=args.budget, window=args.window,
                               divide_length=args.divide_length)
-    engine_args = EngineArgs(
+    engine_cfg = EngineConfig(
         page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
         kv_memory_fraction=args.kv_fraction, max_num_seqs=args.max_num_seqs,
-        max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs,
-        compress=compress, device=args.device)
+        max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs)
     if backend == "sglang":
         from minisparse.engine.sglang_backend import SGLangBackend
 
-        engine = SGLangBackend(model, tokenizer, engine_args, dtype, seed=args.seed)
+        engine = SGLangBackend(model, tokenizer, engine_cfg, compress, args.device, dtype,
+                               seed=args.seed)
         engine.update_weights(model)  # the same random weights as the native run
     else:
-        engine = LLMEngine(model, tokenizer, engine_args)
+        engine = LLMEngine(model, tokenizer, engine_cfg, compress, args.device)
     prompts = random_prompts(args.batch, args.prompt_len, model.config.vocab_size, args.seed)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new, seed=args.seed, ignore_eos=True)

@@ -14,7 +14,8 @@ from torch import nn
 from minisparse.compression import build_policy, compress_due, max_cache_tokens, newline_token_ids
 from minisparse.engine.block_manager import BlockManager
 from minisparse.engine.compaction import compact
-from minisparse.engine.config import EngineArgs, SamplingParams
+from minisparse.config import CompressConfig, EngineConfig
+from minisparse.engine.config import SamplingParams
 from minisparse.engine.cuda_graph import DecodeGraphs
 from minisparse.engine.kv_pool import KVPool
 from minisparse.engine.layers.sampler import seed_for
@@ -45,17 +46,22 @@ def eos_token_ids(model: nn.Module, tokenizer) -> set[int]:
 
 
 class LLMEngine:
-    def __init__(self, model: nn.Module, tokenizer, args: EngineArgs) -> None:
-        self.args, self.tokenizer = args, tokenizer
-        self.device = torch.device(args.device)
+    def __init__(self, model: nn.Module, tokenizer, cfg: EngineConfig,
+                 compress: CompressConfig | None = None,
+                 device: torch.device | str = "cpu") -> None:
+        """cfg and compress are the run config's engine and compress sections (compress
+        None or algorithm "none": dense rollouts)."""
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.compress = compress or CompressConfig()
+        self.device = torch.device(device)
         self.lm = CausalLM(model)
-        self.pool = KVPool(self.lm, args, self.device)
+        self.policy = build_policy(self.compress)  # None when dense
+        self.pool = KVPool(self.lm, cfg, self.policy.window if self.policy else 0, self.device)
         self.pool.allocate()
         self.runner = ModelRunner(self.lm, self.pool)
         self.eos_ids = eos_token_ids(model, tokenizer)
-        self.policy = build_policy(args.compress) if args.compression_on else None
         self.newline_ids: set[int] = set()
-        if self.policy is not None and args.compress.divide_method == "newline":
+        if self.policy is not None and self.compress.divide_method == "newline":
             self.newline_ids = set(newline_token_ids(tokenizer))
         self._reset_graphs()
         self.last_stats = GenerateStats()
@@ -82,8 +88,8 @@ class LLMEngine:
     def _reset_graphs(self) -> None:
         """Fresh (empty, lazily captured) decode graphs when enabled on CUDA."""
         self.runner.graphs = None
-        if self.args.cuda_graphs and self.device.type == "cuda" and self.pool.allocated:
-            bound = max_cache_tokens(self.args.compress) if self.policy is not None else None
+        if self.cfg.cuda_graphs and self.device.type == "cuda" and self.pool.allocated:
+            bound = max_cache_tokens(self.compress)
             self.runner.graphs = DecodeGraphs(self.lm, self.pool, bound or self.pool.max_model_len)
 
     # ---- generation ---------------------------------------------------------------------
@@ -95,7 +101,7 @@ class LLMEngine:
             raise RuntimeError("engine is asleep: call wake() before generate()")
         base_seed = params.seed if params.seed is not None else random.getrandbits(32)
         blocks = self.blocks = BlockManager(self.pool.num_pages, self.pool.page_size)
-        sched = Scheduler(blocks, self.args.max_num_seqs, self.args.max_prefill_tokens)
+        sched = Scheduler(blocks, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens)
         seqs = []
         for p, prompt in enumerate(prompt_token_ids):
             for j in range(params.n):
@@ -183,24 +189,25 @@ class LLMEngine:
         """Compress every sequence of `seqs` the trigger marks due, in one batched call."""
         if self.policy is None or not seqs:
             return
-        cfg = self.args.compress
-        seqs = [s for s in seqs if s.cache_len > cfg.budget]  # never due at or under budget
+        budget = self.policy.budget
+        seqs = [s for s in seqs if s.cache_len > budget]  # never due at or under budget
         if not seqs:
             return
         lens = torch.tensor([s.cache_len for s in seqs])
         since = torch.tensor([s.since_compress for s in seqs])
         newline = torch.tensor([s.last_token in self.newline_ids for s in seqs])
-        due = [s for s, d in zip(seqs, compress_due(lens, since, newline, cfg).tolist()) if d]
+        due = compress_due(lens, since, newline, self.compress).tolist()
+        due = [s for s, d in zip(seqs, due) if d]
         if not due:
             return
         compact(self.pool, self.policy, [s.slot for s in due], [s.cache_len for s in due],
                 [s.num_computed for s in due])
-        keep_pages = blocks.pages_for(cfg.budget)
+        keep_pages = blocks.pages_for(budget)
         for seq in due:
             blocks.release(seq.pages[keep_pages:])
             seq.pages = seq.pages[:keep_pages]
-            seq.evicted_tokens += seq.cache_len - cfg.budget
-            seq.cache_len, seq.since_compress = cfg.budget, 0
+            seq.evicted_tokens += seq.cache_len - budget
+            seq.cache_len, seq.since_compress = budget, 0
             seq.num_compressions += 1
 
     def _sync_pages(self, sched: Scheduler) -> None:

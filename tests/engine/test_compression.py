@@ -86,7 +86,8 @@ def test_newline_trigger_fires_on_generated_newlines():
 
     from engine_helpers import SHAPE
     from minisparse.compression import newline_token_ids
-    from minisparse.engine import EngineArgs, LLMEngine
+    from minisparse.config import EngineConfig
+    from minisparse.engine import LLMEngine
     from minisparse.tiny import build_tokenizer
 
     tok = build_tokenizer(vocab_size=512)
@@ -94,8 +95,8 @@ def test_newline_trigger_fires_on_generated_newlines():
     model = Qwen2ForCausalLM(Qwen2Config(**(SHAPE | dict(vocab_size=len(tok))))).eval()
     cfg = CompressConfig(algorithm="snapkv", budget=16, window=4, divide_method="newline",
                          divide_length=4, kernel_size=3)  # hard cap: budget + 16
-    engine = LLMEngine(model, tok, EngineArgs(compress=cfg, page_size=4, kv_cpu_memory_gb=0.02,
-                                              max_num_seqs=8))
+    engine = LLMEngine(model, tok, EngineConfig(page_size=4, kv_cpu_memory_gb=0.02,
+                                                max_num_seqs=8), cfg)
     assert engine.newline_ids == set(newline_token_ids(tok))
     newline = engine.newline_ids = set(range(0, len(tok), 8))  # frequent "newlines"
     params = SamplingParams(temperature=1.5, max_new_tokens=80, seed=4, ignore_eos=True)

@@ -89,16 +89,17 @@ def test_sleep_wake_and_update_weights(qwen2):
     assert [o.token_ids for o in after] != [o.token_ids for o in before]
 
 
-def test_engine_args_from_config_and_backend_protocol(qwen2):
+def test_engine_from_config_sections_and_backend_protocol(qwen2):
     from minisparse.config import Config
-    from minisparse.engine import EngineArgs, LLMEngine, RolloutBackend
+    from minisparse.engine import LLMEngine, RolloutBackend, make_backend
 
     cfg = Config()
     cfg.engine.page_size, cfg.engine.max_num_seqs, cfg.engine.kv_cpu_memory_gb = 8, 4, 0.01
     cfg.compress.algorithm = "snapkv"
-    args = EngineArgs.from_config(cfg, "cpu")
-    assert (args.page_size, args.max_num_seqs, args.compress.algorithm) == (8, 4, "snapkv")
-    engine = LLMEngine(qwen2, None, args)
+    engine = make_backend(cfg, qwen2, None, "cpu")
+    args = engine.cfg
+    assert (args.page_size, args.max_num_seqs, engine.compress.algorithm) == (8, 4, "snapkv")
+    assert type(engine) is LLMEngine
     assert isinstance(engine, RolloutBackend)
     expected = int(0.01 * 2**30 * cfg.engine.kv_memory_fraction) // engine.pool.bytes_per_page()
     assert engine.pool.num_pages == expected - 1  # one scratch page

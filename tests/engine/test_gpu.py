@@ -98,7 +98,7 @@ def test_preemption_completes_every_sample(gpu_model):
     ps = vocab_prompts(gpu_model, 8, 20, 60)
     engine = make_engine(gpu_model, kv_memory_gb=1.0, page_size=16)
     pages = 24
-    engine.args.kv_memory_gb = (pages + 1) * engine.pool.bytes_per_page() / 2**30
+    engine.cfg.kv_memory_gb = (pages + 1) * engine.pool.bytes_per_page() / 2**30
     engine.sleep()
     engine.wake()
     assert engine.pool.num_pages == pages
