@@ -48,6 +48,7 @@ from minisparse.grpo.checkpoint import (
 from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.logger import MetricsLogger, reduce_metrics, summary_line
 from minisparse.grpo.logprobs import batch_logprobs
+from minisparse.grpo.metric import Sum
 from minisparse.grpo.memory import (
     free_training_memory,
     phase,
@@ -259,7 +260,7 @@ def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
             metrics[key] = mean(s[key] for s in steps)
     skipped = int(sum(s["train/step_skipped"] for s in steps))
     run.nonfinite_steps += skipped
-    metrics["train/nonfinite_steps"] = float(skipped)
+    metrics["train/nonfinite_steps"] = Sum(skipped)
     metrics["train/step"] = float(run.train_engine.global_steps)
 
 
