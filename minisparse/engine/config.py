@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minisparse.config import Config, EvalConfig
+
 
 @dataclass
 class SamplingParams:
@@ -26,3 +28,11 @@ class SamplingParams:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.n < 1 or self.max_new_tokens < 1:
             raise ValueError(f"invalid SamplingParams: {self}")
         self.stop_token_ids = tuple(self.stop_token_ids)
+
+    @classmethod
+    def from_config(cls, cfg: Config | EvalConfig, n: int, max_new_tokens: int,
+                    seed: int | None) -> SamplingParams:
+        """Rollout sampling (a run Config) or benchmark sampling (an EvalConfig: no top-k)."""
+        top_k = cfg.top_k if isinstance(cfg, Config) else -1
+        return cls(temperature=cfg.temperature, top_p=cfg.top_p, top_k=top_k,
+                   max_new_tokens=max_new_tokens, n=n, seed=seed)

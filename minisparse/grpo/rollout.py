@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from minisparse.config import Config
+from minisparse.engine.config import SamplingParams
 from minisparse.grpo.metric import Max
 
 
@@ -42,17 +43,9 @@ class RolloutBatch:
         return self.response_mask.shape[1]
 
 
-def sampling_params(cfg: Config, seed: int):
-    from minisparse.engine import SamplingParams
-
-    return SamplingParams(
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        top_k=cfg.top_k,
-        max_new_tokens=cfg.max_response_len,
-        n=cfg.n_samples_per_prompt,
-        seed=seed,
-    )
+def sampling_params(cfg: Config, seed: int) -> SamplingParams:
+    """n_samples_per_prompt responses of up to max_response_len tokens per prompt."""
+    return SamplingParams.from_config(cfg, cfg.n_samples_per_prompt, cfg.max_response_len, seed)
 
 
 def build_batch(outputs: list, labels: list[str]) -> RolloutBatch:
