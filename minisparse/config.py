@@ -141,6 +141,11 @@ class LossConfig:
     rs_veto_threshold: NonNegative = 1e-4
     normalize_weights: bool = True  # divide weights by their batch mean over valid tokens
 
+    def rs_bounds(self) -> tuple[float, float]:
+        """Rejection sampling's [lower, upper]: rs_lower/rs_upper, or the TIS bounds."""
+        return (self.tis_lower if self.rs_lower is None else self.rs_lower,
+                self.tis_upper if self.rs_upper is None else self.rs_upper)
+
 
 @dataclass
 class EvalConfig:

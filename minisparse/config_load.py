@@ -250,9 +250,7 @@ def _check_relations(cfg: Config) -> None:
             f"'compress.divide_length' ({c.divide_length})"
         )
     _check_bounds("loss.tis_lower", "loss.tis_upper", loss.tis_lower, loss.tis_upper)
-    rs_lower = loss.tis_lower if loss.rs_lower is None else loss.rs_lower
-    rs_upper = loss.tis_upper if loss.rs_upper is None else loss.rs_upper
-    _check_bounds("loss.rs_lower", "loss.rs_upper", rs_lower, rs_upper)
+    _check_bounds("loss.rs_lower", "loss.rs_upper", *loss.rs_bounds())
     _check_bounds("optim.min_lr", "optim.lr", cfg.optim.min_lr, cfg.optim.lr)
     rollout = cfg.rollout_batch_size * cfg.n_samples_per_prompt
     update = cfg.global_batch_size * cfg.num_steps_per_rollout

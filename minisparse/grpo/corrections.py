@@ -126,8 +126,7 @@ def compute_corrections(
     metrics["tis/bounded_mean"] = (weights.sum() / n_tokens).item()
 
     if cfg.use_rs:
-        lower = cfg.tis_lower if cfg.rs_lower is None else cfg.rs_lower
-        upper = cfg.tis_upper if cfg.rs_upper is None else cfg.rs_upper
+        lower, upper = cfg.rs_bounds()
         keep, rejected, vetoed = rejection(
             delta, mask, cfg.tis_level, lower, upper, cfg.rs_veto_threshold
         )
