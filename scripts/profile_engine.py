@@ -1,5 +1,5 @@
 """Where a decode step's time goes: `python scripts/profile_engine.py --model qwen2.5-3b
---batch 256 --prompt-len 160 --max-new-tokens 1024 [--compress rkv] [--steps 64] [--warmup 128]`.
+--batch 256 --prompt-len 160 --max-new 1024 [--compress rkv] [--steps 64] [--warmup 128]`.
 
 Runs the bench workload (minisparse.engine.bench; every bench flag is accepted) and, in one
 generate() call, after --warmup decode steps:
@@ -9,7 +9,7 @@ generate() call, after --warmup decode steps:
      i.e. time the GPU waits for Python). On CUDA the first two are CUDA-event times.
   2. runs torch.profiler over the next --steps decode steps and prints the top kernels by
      total device time (CPU ops by self time when there is no GPU).
-Then stops the generation (the rest of --max-new-tokens is not run). Output is kept short.
+Then stops the generation (the rest of --max-new is not run). Output is kept short.
 """
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     if rows:
         _print_steps(rows, cuda)
     else:
-        print("[profile] no decode step was timed (raise --max-new-tokens or lower --warmup)")
+        print("[profile] no decode step was timed (raise --max-new or lower --warmup)")
     if prof is not None:
         _print_kernels(prof, cuda, ours.top)
 
