@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from minisparse.compression import build_policy, compress_due, max_cache_tokens, newline_token_ids
-from minisparse.engine.block_manager import BlockManager
+from minisparse.engine.page_allocator import BlockManager
 from minisparse.engine.compaction import compact
 from minisparse.config import CompressConfig, EngineConfig
 from minisparse.engine.config import SamplingParams

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from minisparse.engine.block_manager import BlockManager
+from minisparse.engine.page_allocator import BlockManager
 from minisparse.engine.sequence import Sequence, Status
 
 
