@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from minisparse.compression import build_policy, compress_due, max_cache_tokens, newline_token_ids
-from minisparse.engine.page_allocator import BlockManager
+from minisparse.engine.page_allocator import PageAllocator
 from minisparse.engine.compaction import compact
 from minisparse.config import CompressConfig, EngineConfig
 from minisparse.engine.config import SamplingParams
@@ -65,7 +65,12 @@ class LLMEngine:
             self.newline_ids = set(newline_token_ids(tokenizer))
         self._reset_graphs()
         self.last_stats = GenerateStats()
-        self.blocks: BlockManager | None = None  # the last generate() call's page allocator
+        self.allocator: PageAllocator | None = None  # the last generate() call's
+
+    @property
+    def blocks(self) -> PageAllocator | None:
+        """The old name of `allocator`."""
+        return self.allocator
 
     # ---- phase control ------------------------------------------------------------------
 
@@ -100,8 +105,8 @@ class LLMEngine:
         if not self.pool.allocated:
             raise RuntimeError("engine is asleep: call wake() before generate()")
         base_seed = params.seed if params.seed is not None else random.getrandbits(32)
-        blocks = self.blocks = BlockManager(self.pool.num_pages, self.pool.page_size)
-        sched = Scheduler(blocks, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens)
+        allocator = self.allocator = PageAllocator(self.pool.num_pages, self.pool.page_size)
+        sched = Scheduler(allocator, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens)
         seqs = []
         for p, prompt in enumerate(prompt_token_ids):
             for j in range(params.n):
@@ -117,7 +122,7 @@ class LLMEngine:
         start = time.perf_counter()
         bar = _progress(len(seqs), progress)
         while not sched.done:
-            finished = self._step(sched, blocks, params, stats)
+            finished = self._step(sched, allocator, params, stats)
             if bar is not None and finished:
                 bar.update(finished)
         if bar is not None:
@@ -125,14 +130,14 @@ class LLMEngine:
         stats.wall_s = time.perf_counter() - start
         stats.generated_tokens = sum(s.num_generated for s in seqs)
         stats.tokens_per_s = stats.generated_tokens / max(stats.wall_s, 1e-9)
-        stats.peak_pages_used = blocks.peak_used
+        stats.peak_pages_used = allocator.peak_used
         stats.preemptions = sched.preemptions
         stats.compressions = sum(s.num_compressions for s in seqs)
         stats.evicted_tokens = sum(s.evicted_tokens for s in seqs)
         self.last_stats = stats
         return [s.to_output() for s in seqs]
 
-    def _step(self, sched: Scheduler, blocks: BlockManager, params: SamplingParams,
+    def _step(self, sched: Scheduler, allocator: PageAllocator, params: SamplingParams,
               stats: GenerateStats) -> int:
         """One engine step; returns how many sequences finished in it."""
         chunks, aborted = sched.schedule_prefill()
@@ -163,7 +168,7 @@ class LLMEngine:
         stats.steps += 1
         stats.peak_kv_tokens = max(stats.peak_kv_tokens, _cached_tokens(sched))
         finished = self._append(sched, done, tokens, logprobs, params)
-        self._compress(blocks, [s for s in done if s.finish_reason is None])
+        self._compress(allocator, [s for s in done if s.finish_reason is None])
         return finished + len(aborted)
 
     def _append(self, sched: Scheduler, seqs: list[Sequence], tokens: list[int],
@@ -185,7 +190,7 @@ class LLMEngine:
             finished += 1
         return finished
 
-    def _compress(self, blocks: BlockManager, seqs: list[Sequence]) -> None:
+    def _compress(self, allocator: PageAllocator, seqs: list[Sequence]) -> None:
         """Compress every sequence of `seqs` the trigger marks due, in one batched call."""
         if self.policy is None or not seqs:
             return
@@ -202,9 +207,9 @@ class LLMEngine:
             return
         compact(self.pool, self.policy, [s.slot for s in due], [s.cache_len for s in due],
                 [s.num_computed for s in due])
-        keep_pages = blocks.pages_for(budget)
+        keep_pages = allocator.pages_for(budget)
         for seq in due:
-            blocks.release(seq.pages[keep_pages:])
+            allocator.release(seq.pages[keep_pages:])
             seq.pages = seq.pages[:keep_pages]
             seq.evicted_tokens += seq.cache_len - budget
             seq.cache_len, seq.since_compress = budget, 0

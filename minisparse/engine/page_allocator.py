@@ -1,11 +1,12 @@
 """Page allocator for the KV pool: a free list of page ids and usage counters. Which
-pages a sequence owns is its `pages` list; the runner mirrors it into a device page table."""
+pages a sequence owns is its `pages` list; the runner mirrors it into a device page table.
+(It was called BlockManager; that name stays importable from engine/block_manager.py.)"""
 from __future__ import annotations
 
 from collections import deque
 
 
-class BlockManager:
+class PageAllocator:
     def __init__(self, num_pages: int, page_size: int) -> None:
         self.num_pages, self.page_size = num_pages, page_size
         self.free: deque[int] = deque(range(num_pages))

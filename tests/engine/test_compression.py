@@ -36,7 +36,7 @@ def test_decode_attention_equals_reference_over_kept_tokens(tracked):
         assert o.peak_cache_tokens <= max(bound, len(p))
         assert (o.num_compressions, o.evicted_tokens) == simulate(len(p), 40)
     assert stats.evicted_tokens == sum(o.evicted_tokens for o in outs)
-    assert engine.blocks.num_free == engine.pool.num_pages
+    assert engine.allocator.num_free == engine.pool.num_pages
 
 
 def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
@@ -45,16 +45,16 @@ def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
     real = engine.runner.decode
 
     def decode(seqs, sp):
-        blocks_seen.append(engine.blocks.num_used)
+        blocks_seen.append(engine.allocator.num_used)
         assert all(s.cache_len < max_cache_tokens(CFG) for s in seqs)
         return real(seqs, sp)
     engine.runner.decode = decode
     n, steps = 3, 1000
     outs = engine.generate(prompts(n, lo=5, hi=20), SamplingParams(max_new_tokens=steps,
                                                                   ignore_eos=True, seed=0))
-    per_seq = engine.blocks.pages_for(max_cache_tokens(CFG))
+    per_seq = engine.allocator.pages_for(max_cache_tokens(CFG))
     assert max(blocks_seen) <= n * per_seq
-    assert engine.blocks.num_free == engine.pool.num_pages
+    assert engine.allocator.num_free == engine.pool.num_pages
     for o in outs:
         assert len(o.token_ids) == steps
         assert (o.num_compressions, o.evicted_tokens) == simulate(len(o.prompt_token_ids), steps)

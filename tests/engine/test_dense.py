@@ -23,7 +23,7 @@ def test_greedy_matches_hf_generate(model):
         ref = dense_logprobs(model, p, o.token_ids)
         torch.testing.assert_close(torch.tensor(o.logprobs), ref, atol=1e-4, rtol=0)
     assert engine.last_stats.generated_tokens == 5 * 24
-    assert engine.blocks.num_free == engine.pool.num_pages
+    assert engine.allocator.num_free == engine.pool.num_pages
 
 
 def test_chunked_prefill_and_small_pages_give_same_tokens(qwen2):
