@@ -16,7 +16,6 @@ from minisparse.engine.page_allocator import PageAllocator
 from minisparse.engine.compaction import compact
 from minisparse.config import CompressConfig, EngineConfig
 from minisparse.engine.config import SamplingParams
-from minisparse.engine.cuda_graph import DecodeGraphs
 from minisparse.engine.kv_pool import KVPool
 from minisparse.engine.layers.sampler import seed_for
 from minisparse.engine.model_runner import ModelRunner
@@ -58,12 +57,12 @@ class LLMEngine:
         self.policy = build_policy(self.compress)  # None when dense
         self.pool = KVPool(self.lm, cfg, self.policy.window if self.policy else 0, self.device)
         self.pool.allocate()
-        self.runner = ModelRunner(self.lm, self.pool)
+        bound = max_cache_tokens(self.compress) if self.policy is not None else None
+        self.runner = ModelRunner(self.lm, self.pool, cfg.cuda_graphs, bound)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.newline_ids: set[int] = set()
         if self.policy is not None and self.compress.divide_method == "newline":
             self.newline_ids = set(newline_token_ids(tokenizer))
-        self._reset_graphs()
         self.last_stats = GenerateStats()
         self.allocator: PageAllocator | None = None  # the last generate() call's
 
@@ -76,26 +75,19 @@ class LLMEngine:
 
     def sleep(self) -> None:
         """Free the KV pool (and query ring, and decode graphs) for the training phase."""
-        self.runner.graphs = None
+        self.runner.release_graphs()
         self.pool.release()
 
     def wake(self) -> None:
         if not self.pool.allocated:
             self.pool.allocate()
-            self._reset_graphs()
+            self.runner.reset_graphs()
 
     def update_weights(self, model: nn.Module) -> None:
         """Re-bind to the (possibly new) parameter tensors of `model`; nothing is copied.
         Captured decode graphs are dropped (they hold the old tensors' addresses)."""
         self.lm.bind(model)
-        self._reset_graphs()
-
-    def _reset_graphs(self) -> None:
-        """Fresh (empty, lazily captured) decode graphs when enabled on CUDA."""
-        self.runner.graphs = None
-        if self.cfg.cuda_graphs and self.device.type == "cuda" and self.pool.allocated:
-            bound = max_cache_tokens(self.compress)
-            self.runner.graphs = DecodeGraphs(self.lm, self.pool, bound or self.pool.max_model_len)
+        self.runner.reset_graphs()
 
     # ---- generation ---------------------------------------------------------------------
 
