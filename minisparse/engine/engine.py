@@ -114,7 +114,7 @@ class LLMEngine:
         start = time.perf_counter()
         bar = _progress(len(seqs), progress)
         while not sched.done:
-            finished = self._step(sched, allocator, params, stats)
+            finished = self._step(sched, params, stats)
             if bar is not None and finished:
                 bar.update(finished)
         if bar is not None:
@@ -129,8 +129,7 @@ class LLMEngine:
         self.last_stats = stats
         return [s.to_output() for s in seqs]
 
-    def _step(self, sched: Scheduler, allocator: PageAllocator, params: SamplingParams,
-              stats: GenerateStats) -> int:
+    def _step(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> int:
         """One engine step; returns how many sequences finished in it."""
         chunks, aborted = sched.schedule_prefill()
         for seq in aborted:
@@ -160,7 +159,7 @@ class LLMEngine:
         stats.steps += 1
         stats.peak_kv_tokens = max(stats.peak_kv_tokens, _cached_tokens(sched))
         finished = self._append(sched, done, tokens, logprobs, params)
-        self._compress(allocator, [s for s in done if s.finish_reason is None])
+        self._compress(sched, [s for s in done if s.finish_reason is None])
         return finished + len(aborted)
 
     def _append(self, sched: Scheduler, seqs: list[Sequence], tokens: list[int],
@@ -182,7 +181,7 @@ class LLMEngine:
             finished += 1
         return finished
 
-    def _compress(self, allocator: PageAllocator, seqs: list[Sequence]) -> None:
+    def _compress(self, sched: Scheduler, seqs: list[Sequence]) -> None:
         """Compress every sequence of `seqs` the trigger marks due, in one batched call."""
         if self.policy is None or not seqs:
             return
@@ -199,13 +198,7 @@ class LLMEngine:
             return
         compact(self.pool, self.policy, [s.slot for s in due], [s.cache_len for s in due],
                 [s.num_computed for s in due])
-        keep_pages = allocator.pages_for(budget)
-        for seq in due:
-            allocator.release(seq.pages[keep_pages:])
-            seq.pages = seq.pages[:keep_pages]
-            seq.evicted_tokens += seq.cache_len - budget
-            seq.cache_len, seq.since_compress = budget, 0
-            seq.num_compressions += 1
+        sched.compacted(due, budget)
 
     def _sync_pages(self, sched: Scheduler) -> None:
         dirty = sched.take_dirty()

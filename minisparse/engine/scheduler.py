@@ -112,6 +112,17 @@ class Scheduler:
             self.free_slots.append(seq.slot)
             seq.slot = -1
 
+    def compacted(self, seqs: list[Sequence], budget: int) -> None:
+        """Each of seqs now holds `budget` cache entries (compaction packed them first):
+        return the pages past them and count the eviction."""
+        keep = self.allocator.pages_for(budget)
+        for seq in seqs:
+            self.allocator.release(seq.pages[keep:])
+            seq.pages = seq.pages[:keep]
+            seq.evicted_tokens += seq.cache_len - budget
+            seq.cache_len, seq.since_compress = budget, 0
+            seq.num_compressions += 1
+
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason, seq.status = reason, Status.FINISHED
         self.free(seq)
