@@ -51,15 +51,16 @@ def _add_protocol_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--benchmarks", default=None,
                    help="comma-separated; default: gsm8k,math500,minerva_math,olympiadbench,"
                         "aime24,amc23,gaokao2023en")
-    g.add_argument("--data-dir", help="folder with NAME/test.jsonl (default data/eval; see docs/eval.md)")
+    g.add_argument("--data-dir", help=f"folder with NAME/test.jsonl (default "
+                                      f"{EvalConfig.data_dir}; see docs/eval.md)")
     g.add_argument("--limit", type=int, help="first N problems of each benchmark")
     g.add_argument("--max-new-tokens", type=int,
                    help="for every benchmark (default: 8192; 16384 on aime24, amc23)")
     g.add_argument("--n-samples", type=int,
                    help="samples per problem for every benchmark (default: 1; 32 on aime24, amc23)")
-    g.add_argument("--temperature", type=float, help="default 0.8")
-    g.add_argument("--top-p", type=float, help="default 0.95")
-    g.add_argument("--seed", type=int, help="sampling seed (default: the config's, 42)")
+    g.add_argument("--temperature", type=float, help=f"default {EvalConfig.temperature}")
+    g.add_argument("--top-p", type=float, help=f"default {EvalConfig.top_p}")
+    g.add_argument("--seed", type=int, help=f"sampling seed (default: the config's, {Config.seed})")
     g.add_argument("--prompt-template", choices=choices(PromptTemplate),
                    help="boxed (default): question + instruction, no chat template; "
                         "chat: the training set's system/user turn in the chat template")
