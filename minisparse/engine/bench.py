@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from minisparse.config import Algorithm, Backend, CompressConfig, EngineConfig, choices
+from minisparse.config import Algorithm, Backend, CompressConfig, Dtype, EngineConfig, choices
 from minisparse.engine import LLMEngine, SamplingParams
 
 
@@ -26,7 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="tiny", help="HF dir, 'tiny', or a shape name")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backend", default="native", choices=[*choices(Backend), "both"])
-    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--dtype", default=None, choices=choices(Dtype),
+                   help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batch", type=int, default=64, help="number of prompts")
     p.add_argument("--prompt-len", type=int, default=256)
     # --max-new and --kv-fraction: the old spellings (eval.py spells them as here)
