@@ -13,8 +13,10 @@ import torch
 from transformers import AutoConfig
 
 import fake_sglang
-from minisparse.config import ConfigError, load_config
-from minisparse.engine import EngineArgs, LLMEngine, RolloutBackend, SamplingParams, make_backend
+from minisparse.config import ConfigError
+from minisparse.config_load import load_config
+from minisparse.config import EngineConfig
+from minisparse.engine import LLMEngine, RolloutBackend, SamplingParams, make_backend
 from minisparse.engine import bench
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for
@@ -41,7 +43,7 @@ def fake(monkeypatch):
 
 def _backend(tiny, **kw) -> SGLangBackend:
     model, tok = tiny
-    return SGLangBackend(model, tok, EngineArgs(device="cuda:1", **kw), "float32", seed=5)
+    return SGLangBackend(model, tok, EngineConfig(**kw), None, "cuda:1", "float32", seed=5)
 
 
 # ---- config and factory -------------------------------------------------------------------
@@ -123,9 +125,9 @@ def test_dense_only_and_cuda_only(tiny, fake):
     model, tok = tiny
     compress = load_config("tiny_rkv").compress
     with pytest.raises(ValueError, match="dense only"):
-        SGLangBackend(model, tok, EngineArgs(device="cuda:0", compress=compress), "float32")
+        SGLangBackend(model, tok, EngineConfig(), compress, "cuda:0", "float32")
     with pytest.raises(ValueError, match="CUDA"):
-        SGLangBackend(model, tok, EngineArgs(device="cpu"), "float32")
+        SGLangBackend(model, tok, EngineConfig(), None, "cpu", "float32")
 
 
 # ---- requests and outputs -------------------------------------------------------------------
