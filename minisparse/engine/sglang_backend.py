@@ -12,6 +12,8 @@ must guard their entry point with `if __name__ == "__main__":` (SGLang spawns wo
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import tempfile
 import time
@@ -103,6 +105,25 @@ def parse_output(out: dict, prompt_index: int, sample_index: int,
                         [float(p[0]) for p in pairs], FINISH_REASONS.get(kind, "abort"))
 
 
+# Set by torchrun for the training process. SGLang's subprocesses inherit the environment;
+# with TORCHELASTIC_USE_AGENT_STORE set, their own init_process_group waits forever for a
+# torchrun agent store at SGLang's port (seen on an H200: train.py hung at engine start).
+LAUNCHER_ENV = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                "TORCHELASTIC_MAX_RESTARTS", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def launcher_env_hidden() -> Iterator[None]:
+    """Start SGLang's processes as if outside torchrun; the environment comes back after."""
+    saved = {k: os.environ.pop(k) for k in LAUNCHER_ENV if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 class SGLangBackend:
     """One sglang.Engine on this process's GPU, colocated with the trainer."""
 
@@ -126,7 +147,8 @@ class SGLangBackend:
         self.awake = True
         self.bucket_bytes = BUCKET_BYTES
         kwargs = self.engine_kwargs(model, cfg, dtype, seed, device, deterministic)
-        self.engine = sglang.Engine(**kwargs | overrides)
+        with launcher_env_hidden():
+            self.engine = sglang.Engine(**kwargs | overrides)
 
     def engine_kwargs(self, model: nn.Module, cfg: EngineConfig, dtype: str, seed: int,
                       device: torch.device, deterministic: bool) -> dict:

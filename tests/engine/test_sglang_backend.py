@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -79,6 +80,17 @@ def test_make_backend_sglang_starts_on_dummy_weights_then_pushes_the_policy(tiny
     engine = fake.instances[0]
     assert engine.kwargs["load_format"] == "dummy" and engine.kwargs["random_seed"] == 11
     assert set(engine.weights) == {n for n, _ in model.named_parameters()}
+
+
+def test_engine_starts_without_the_torchrun_environment_which_comes_back_after(tiny, fake,
+                                                                              monkeypatch):
+    launcher = {"TORCHELASTIC_USE_AGENT_STORE": "True", "RANK": "0", "WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for k, v in launcher.items():
+        monkeypatch.setenv(k, v)
+    _backend(tiny)
+    assert not set(launcher) & set(fake.instances[0].environ)
+    assert {k: os.environ[k] for k in launcher} == launcher
 
 
 # ---- engine arguments -----------------------------------------------------------------------
