@@ -33,3 +33,10 @@ def test_warmup_reaches_the_first_compression():
     rkv = parse_args(base + ["--compress", "rkv"])
     assert warmup_tokens(rkv) == 512 + 128 - 160 + 2
     assert warmup_tokens(parse_args(base + ["--compress", "rkv", "--warmup", "0"])) == 0
+
+
+def test_old_flag_spellings_stay_aliases():
+    new = parse_args(["--max-new-tokens", "7", "--kv-memory-fraction", "0.3"])
+    old = parse_args(["--max-new", "7", "--kv-fraction", "0.3"])
+    assert vars(new) == vars(old)
+    assert (new.max_new_tokens, new.kv_memory_fraction) == (7, 0.3)
