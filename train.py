@@ -37,6 +37,7 @@ from minisparse.config import Config, ConfigError, add_config_args, config_from_
 from minisparse.data import DataError, require_data_file
 from minisparse.grpo import distributed as dist
 from minisparse.grpo.advantages import group_advantages
+from minisparse.grpo.attention import use_attention
 from minisparse.grpo.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -132,6 +133,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     policy, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     if eval_problems is not None:
         check_prompt_template(tokenizer, cfg.eval.prompt_template)
+    use_attention(policy, cfg.model.attention)  # the reference copy inherits it
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     ref_model = None
@@ -237,7 +239,8 @@ def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
 def logprob_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     """Dense old (and reference) log-probs, mismatch metrics, Sparse-RL corrections."""
     cfg, module = run.cfg, run.train_engine.module
-    args = (batch.prompts, batch.responses, batch.width, cfg.max_tokens_per_gpu, cfg.temperature)
+    args = (batch.prompts, batch.responses, batch.width, cfg.max_tokens_per_gpu, cfg.temperature,
+            cfg.model.logprob_chunk)
     module.eval()
     batch.old_logp = batch_logprobs(module, *args)
     if run.ref_model is not None:

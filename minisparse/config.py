@@ -17,6 +17,12 @@ class ModelConfig:
     path: str = "tiny"
     dtype: str = "bfloat16"  # bfloat16 | float16 | float32
     gradient_checkpointing: bool = False
+    # Training-pass attention over packed rows: varlen (flash varlen kernel on CUDA, one
+    # causal SDPA per sequence elsewhere; no mask) | sdpa (transformers' dense packed mask).
+    attention: str = "varlen"
+    # LM head + log-softmax fused over chunks of this many tokens (grpo/fused_logprobs.py);
+    # 0 materialises the [tokens x vocabulary] logits.
+    logprob_chunk: int = 1024
 
 
 @dataclass
@@ -117,6 +123,8 @@ class LogConfig:
     wandb: bool = False
     wandb_project: str = "minisparse"
     run_name: str | None = None
+    # Peak dense TFLOP/s per GPU for perf/*_mfu; 0: by device name (grpo/flops.py).
+    peak_tflops: float = 0.0
 
 
 @dataclass
@@ -171,6 +179,7 @@ CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 ENUMS: dict[str, tuple[str, ...]] = {
     "model.dtype": ("bfloat16", "float16", "float32"),
+    "model.attention": ("varlen", "sdpa"),
     "compress.algorithm": ("none", "rkv", "snapkv"),
     "compress.divide_method": ("step_length", "newline"),
     "compress.pooling": ("max", "avg"),
@@ -370,6 +379,7 @@ _POSITIVE = (
 ).split()
 _NON_NEGATIVE = (
     "seed save_interval eval_interval max_nonfinite_steps temperature eval.temperature "
+    "model.logprob_chunk log.peak_tflops "
     "engine.kv_memory_gb engine.kv_cpu_memory_gb optim.lr optim.warmup_steps optim.min_lr "
     "optim.weight_decay optim.adam_eps optim.grad_clip loss.eps_clip loss.eps_clip_high "
     "loss.kl_coef loss.entropy_coef loss.tis_lower loss.tis_upper loss.rs_lower "
