@@ -45,6 +45,7 @@ from minisparse.grpo.checkpoint import (
     save_checkpoint,
 )
 from minisparse.grpo.corrections import compute_corrections
+from minisparse.grpo.flops import FlopShape, batch_forward_flops, flop_shape, mfu_metrics, peak_flops
 from minisparse.grpo.logger import MetricsLogger, reduce_metrics, summary_line
 from minisparse.grpo.logprobs import batch_logprobs
 from minisparse.grpo.memory import (
@@ -81,6 +82,8 @@ class Run:
     rows: list  # PromptRow
     sampler: Any  # PromptSampler
     logger: MetricsLogger
+    flops: FlopShape | None = None  # the policy's FLOP counts, for perf/*_mfu
+    peak: float | None = None  # peak FLOP/s per GPU (None: MFU not logged)
     eval_problems: dict | None = None  # benchmark name -> problems, read at setup
     start_rollout: int = 0  # rollouts already done (from a checkpoint)
     nonfinite_steps: int = 0
@@ -179,6 +182,8 @@ def setup(cfg: Config, resume_required: bool) -> Run:
         rows=rows,
         sampler=sampler,
         logger=logger,
+        flops=flop_shape(policy),
+        peak=peak_flops(cfg.log.peak_tflops, device),
         eval_problems=eval_problems,
         start_rollout=start,
         nonfinite_steps=nonfinite,
@@ -264,6 +269,17 @@ def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     metrics["train/step"] = float(run.train_engine.global_steps)
 
 
+def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, float]:
+    """Achieved TFLOP/s and MFU of the log-prob passes (old, and reference when there is
+    one) and of the update (forward + backward, 3 forwards' worth), see grpo/flops.py."""
+    forward = batch_forward_flops(run.flops, batch.prompts, batch.responses)
+    passes = 1 + (run.ref_model is not None)
+    return {
+        **mfu_metrics("logprobs", passes * forward, metrics["time/logprobs_s"], run.peak),
+        **mfu_metrics("update", 3 * forward, metrics["time/update_s"], run.peak),
+    }
+
+
 def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
     """Benchmarks of cfg.eval with the current weights, each split over all ranks."""
     from minisparse.evaluation import Shard, evaluate, flat_metrics
@@ -325,6 +341,7 @@ def train(run: Run) -> None:
             logprob_phase(run, batch, metrics)
         with phase("update", metrics, run.device):
             update_phase(run, batch, metrics)
+        metrics.update(perf_metrics(run, batch, metrics))
 
         metrics = reduce_metrics(metrics)
         if cfg.eval_interval and rollout % cfg.eval_interval == 0:

@@ -34,10 +34,10 @@ rows = [json.loads(line) for line in open(sys.argv[1])]
 for row in rows:
     print(f"--- rollout {row['rollout']}: phase times (s), GPU memory (GiB)")
     phases = [k[5:-2] for k in row if k.startswith("time/")]
-    print(f"{'phase':16s} {'time_s':>8s} {'peak_gb':>8s} {'end_gb':>8s} {'reserved':>9s}")
+    print(f"{'phase':16s} {'time_s':>8s} {'peak_gib':>8s} {'end_gib':>8s} {'reserved':>9s}")
     for p in phases:
         g = lambda k: row.get(f"mem/{p}_{k}", float("nan"))
-        print(f"{p:16s} {row['time/' + p + '_s']:8.2f} {g('peak_gb'):8.2f} {g('end_gb'):8.2f} {g('reserved_gb'):9.2f}")
+        print(f"{p:16s} {row['time/' + p + '_s']:8.2f} {g('peak_gib'):8.2f} {g('end_gib'):8.2f} {g('reserved_gib'):9.2f}")
     for k in ("perf/rollout_tokens", "perf/rollout_tokens_per_s", "perf/peak_kv_tokens",
               "rollout/response_len_mean", "compress/compressions_per_sample",
               "train/micro_batches", "train/grad_norm", "train/pg_loss", "rs/kept_token_frac",

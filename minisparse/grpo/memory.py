@@ -28,8 +28,8 @@ def _sync(device: torch.device) -> None:
 
 @contextmanager
 def phase(name: str, metrics: dict[str, float], device: torch.device) -> Iterator[None]:
-    """Record time/{name}_s and, on GPU, mem/{name}_peak_gb (max allocated in the phase),
-    mem/{name}_reserved_gb and mem/{name}_end_gb (allocated when it ends: after a swap,
+    """Record time/{name}_s and, on GPU, mem/{name}_peak_gib (max allocated in the phase),
+    mem/{name}_reserved_gib and mem/{name}_end_gib (allocated when it ends: after a swap,
     what the next phase starts with) into metrics; on CPU the process's peak RSS so far."""
     _sync(device)
     if device.type == "cuda":
@@ -39,11 +39,11 @@ def phase(name: str, metrics: dict[str, float], device: torch.device) -> Iterato
     _sync(device)
     metrics[f"time/{name}_s"] = time.perf_counter() - start
     if device.type == "cuda":
-        metrics[f"mem/{name}_peak_gb"] = torch.cuda.max_memory_allocated(device) / GIB
-        metrics[f"mem/{name}_reserved_gb"] = torch.cuda.max_memory_reserved(device) / GIB
-        metrics[f"mem/{name}_end_gb"] = torch.cuda.memory_allocated(device) / GIB
+        metrics[f"mem/{name}_peak_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+        metrics[f"mem/{name}_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
+        metrics[f"mem/{name}_end_gib"] = torch.cuda.memory_allocated(device) / GIB
     else:  # process-wide high-water mark (Linux reports KiB); not per phase
-        metrics["mem/cpu_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+        metrics["mem/cpu_max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
 
 def free_training_memory(offload: TrainingStateOffload, device: torch.device) -> None:
