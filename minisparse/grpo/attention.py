@@ -17,6 +17,7 @@ information (one sequence per row) is plain causal SDPA.
 from __future__ import annotations
 
 import inspect
+import warnings
 from functools import lru_cache
 
 import torch
@@ -40,16 +41,29 @@ def packing_kwargs(lengths: list[int], device: torch.device) -> dict:
 
 @lru_cache(maxsize=1)
 def _varlen_fn():
-    """(varlen_attn, extra kwargs for causal GQA) or None where torch lacks it; the
-    keyword for causality changed between torch releases (is_causal, window_size)."""
+    """(varlen_attn, extra kwargs for causal GQA), or None where torch lacks it or it
+    fails a first call on two short sequences against per-sequence SDPA (a warning says
+    so). The keyword for causality changed between torch releases."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
+        warnings.warn("torch has no nn.attention.varlen: packed attention runs per sequence")
         return None
     params = inspect.signature(varlen_attn).parameters
     extra = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     if "enable_gqa" in params:
         extra["enable_gqa"] = True
+    try:
+        q, k, v = (torch.randn(1, h, 24, 64, device="cuda", dtype=torch.bfloat16) for h in (4, 2, 2))
+        cu = torch.tensor([0, 9, 24], dtype=torch.int32, device="cuda")
+        out = varlen_attn(*(t[0].transpose(0, 1).contiguous() for t in (q, k, v)), cu, cu, 15, 15,
+                          scale=0.125, **extra)
+        ref = _per_sequence_sdpa(q, k, v, (9, 15), 0.125)[0].transpose(0, 1)
+        if not (out.float() - ref.float()).norm() <= 1e-2 * ref.float().norm():
+            raise RuntimeError("result differs from per-sequence SDPA")
+    except (RuntimeError, TypeError) as exc:
+        warnings.warn(f"torch varlen_attn unusable ({exc}): packed attention runs per sequence")
+        return None
     return varlen_attn, extra
 
 
