@@ -9,8 +9,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c "import deepspeed" 2>/dev/null; then
-    for part in .stage/deps/p*/; do bash "$part/install.sh" "$part" >/dev/null; done
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    # our own target: a warm machine's /tmp/site may hold another staging's packages
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site_train_perf .stage/deps/p*/*.whl || exit 1
+    export PYTHONPATH=/tmp/site_train_perf${PYTHONPATH:+:$PYTHONPATH}
 fi
 LOG=${OUT:-/tmp/gpu_train_perf}
 mkdir -p "$LOG"
