@@ -41,6 +41,7 @@ for row in rows:
     for k in ("perf/rollout_tokens", "perf/rollout_tokens_per_s", "perf/peak_kv_tokens",
               "rollout/response_len_mean", "compress/compressions_per_sample",
               "train/micro_batches", "train/grad_norm", "train/pg_loss", "rs/kept_token_frac",
+              "perf/logprobs_tflops", "perf/logprobs_mfu", "perf/update_tflops", "perf/update_mfu",
               "mismatch/kl_k3"):
         print(f"{k:34s} {row.get(k, float('nan')):.6g}")
 PY
