@@ -41,6 +41,7 @@ from minisparse.models import load_policy  # noqa: E402
 # name: (attention, logprob_chunk, max_tokens_per_gpu, gradient_checkpointing)
 VARIANTS = {
     "before": ("sdpa", 0, 4096, True),
+    "varlen": ("varlen", 0, 4096, True),
     "after": ("varlen", 1024, 16384, True),
     "after_nockpt": ("varlen", 1024, 8192, False),
 }
