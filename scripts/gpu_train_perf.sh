@@ -8,11 +8,9 @@
 #   bash scripts/gpu_train_perf.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if ! python3 -c "import deepspeed.ops" 2>/dev/null; then
-    # our own target: a warm machine's /tmp/site may hold another staging's packages
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site_train_perf .stage/deps/p*/*.whl || exit 1
-fi
+# always into our own target: a warm machine may hold other stagings' partial packages
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site_train_perf .stage/deps/p*/*.whl || exit 1
 export PYTHONPATH=/tmp/site_train_perf${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "import deepspeed; print('deepspeed', deepspeed.__version__, deepspeed.__file__)" || exit 1
 LOG=${OUT:-/tmp/gpu_train_perf}
