@@ -25,7 +25,7 @@ torchrun --standalone --nproc_per_node "${NPROC:-1}" train.py --config qwen3b_rk
     --set model.path=qwen2.5-3b --set data.path=synthetic --set data.synthetic_size=256 \
     --set num_rollout=3 --set rollout_batch_size=16 --set n_samples_per_prompt=8 \
     --set global_batch_size=64 --set num_steps_per_rollout=2 --set max_response_len=1024 \
-    --set max_tokens_per_gpu=4096 --set model.gradient_checkpointing=true \
+    --set max_tokens_per_gpu=16384 --set model.gradient_checkpointing=true \
     --set save_interval=0 --set resume=never \
     --set log.tensorboard=false --set output_dir="$OUT_DIR" "$@"
 python3 - "$OUT_DIR/metrics.jsonl" <<'PY'
