@@ -19,8 +19,11 @@ from pathlib import Path
 
 from minisparse.benchmarks import BenchmarkError, load_benchmarks, parse_benchmark_names
 from minisparse.config import (
-    Config, ConfigError, EvalConfig, add_config_args, dump_config, load_config,
+    Algorithm, Backend, Config, ConfigError, DivideMethod, Dtype, EvalConfig, GroupPooling, Pooling,
+    PromptTemplate, Selection, choices,
 )
+from minisparse.config_cli import add_config_args
+from minisparse.config_load import dump_config, load_config
 
 # flag dest -> config key; a flag given on the command line becomes a KEY=VALUE override.
 RUN_FLAGS = {
@@ -48,16 +51,17 @@ def _add_protocol_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--benchmarks", default=None,
                    help="comma-separated; default: gsm8k,math500,minerva_math,olympiadbench,"
                         "aime24,amc23,gaokao2023en")
-    g.add_argument("--data-dir", help="folder with NAME/test.jsonl (default data/eval; see docs/eval.md)")
+    g.add_argument("--data-dir", help=f"folder with NAME/test.jsonl (default "
+                                      f"{EvalConfig.data_dir}; see docs/eval.md)")
     g.add_argument("--limit", type=int, help="first N problems of each benchmark")
     g.add_argument("--max-new-tokens", type=int,
                    help="for every benchmark (default: 8192; 16384 on aime24, amc23)")
     g.add_argument("--n-samples", type=int,
                    help="samples per problem for every benchmark (default: 1; 32 on aime24, amc23)")
-    g.add_argument("--temperature", type=float, help="default 0.8")
-    g.add_argument("--top-p", type=float, help="default 0.95")
-    g.add_argument("--seed", type=int, help="sampling seed (default: the config's, 42)")
-    g.add_argument("--prompt-template", choices=("boxed", "chat"),
+    g.add_argument("--temperature", type=float, help=f"default {EvalConfig.temperature}")
+    g.add_argument("--top-p", type=float, help=f"default {EvalConfig.top_p}")
+    g.add_argument("--seed", type=int, help=f"sampling seed (default: the config's, {Config.seed})")
+    g.add_argument("--prompt-template", choices=choices(PromptTemplate),
                    help="boxed (default): question + instruction, no chat template; "
                         "chat: the training set's system/user turn in the chat template")
 
@@ -66,9 +70,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and engine")
     g.add_argument("--model", help="HF checkpoint dir, 'tiny', or a shape name (qwen2.5-3b, "
                                    "random weights); default: the --config's model.path")
-    g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"))
+    g.add_argument("--dtype", choices=choices(Dtype))
     g.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    g.add_argument("--backend", choices=("native", "sglang"),
+    g.add_argument("--backend", choices=choices(Backend),
                    help="rollout engine; sglang (embedded sglang.Engine) is dense only")
     g.add_argument("--max-num-seqs", "--batch-size", dest="max_num_seqs", type=int,
                    help="sequences decoded at once")
@@ -82,18 +86,18 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 def _add_compress_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("KV compression during generation (default: none, dense)")
-    g.add_argument("--compress", choices=("none", "rkv", "snapkv"))
+    g.add_argument("--compress", choices=choices(Algorithm))
     g.add_argument("--budget", type=int, help="KV tokens kept per sequence after compression")
     g.add_argument("--window", type=int, help="recent tokens whose queries score the cache")
-    g.add_argument("--divide-method", choices=("step_length", "newline"))
+    g.add_argument("--divide-method", choices=choices(DivideMethod))
     g.add_argument("--divide-length", type=int, help="tokens between compressions")
     g.add_argument("--max-buffer", type=int, help="newline trigger's hard cap")
     g.add_argument("--kernel-size", type=int)
-    g.add_argument("--pooling", choices=("max", "avg"))
-    g.add_argument("--group-pooling", choices=("max", "mean"))
+    g.add_argument("--pooling", choices=choices(Pooling))
+    g.add_argument("--group-pooling", choices=choices(GroupPooling))
     g.add_argument("--mix-lambda", type=float)
     g.add_argument("--sim-threshold", type=float)
-    g.add_argument("--selection", choices=("per_head", "per_layer"))
+    g.add_argument("--selection", choices=choices(Selection))
 
 
 def build_parser() -> argparse.ArgumentParser:

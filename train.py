@@ -33,8 +33,12 @@ from typing import Any
 import torch
 
 from minisparse.benchmarks import BenchmarkError, load_benchmarks
-from minisparse.config import Config, ConfigError, add_config_args, config_from_args, config_to_dict
-from minisparse.data import DataError, require_data_file
+from minisparse.config import Config, ConfigError
+from minisparse.config_cli import add_config_args, config_from_args
+from minisparse.config_load import config_to_dict
+from minisparse.data import DataError, PromptRow, PromptSampler, load_prompts, require_data_file
+from minisparse.engine import RolloutBackend, make_backend
+from minisparse.evaluation import Shard, check_prompt_template, evaluate, flat_metrics
 from minisparse.grpo import distributed as dist
 from minisparse.grpo.advantages import group_advantages
 from minisparse.grpo.attention import use_attention
@@ -56,6 +60,7 @@ from minisparse.grpo.memory import (
     train_memory,
     visiting,
 )
+from minisparse.grpo.metric import Sum
 from minisparse.grpo.mismatch import mismatch_metrics
 from minisparse.grpo.optim import TrainingStateOffload, build_train_engine
 from minisparse.grpo.rollout import (
@@ -66,6 +71,7 @@ from minisparse.grpo.rollout import (
     score_batch,
 )
 from minisparse.grpo.update import train_on_rollout
+from minisparse.models import load_policy
 
 
 @dataclass
@@ -77,10 +83,10 @@ class Run:
     train_engine: Any  # DeepSpeed engine; .module is the HF policy
     offload: TrainingStateOffload  # moves optimizer states off the GPU for the rollout
     ref_model: torch.nn.Module | None
-    llm: Any  # RolloutBackend (native LLMEngine or SGLang) over the policy's weights
+    llm: RolloutBackend  # native LLMEngine or SGLang, over the policy's weights
     tokenizer: Any
-    rows: list  # PromptRow
-    sampler: Any  # PromptSampler
+    rows: list[PromptRow]
+    sampler: PromptSampler
     logger: MetricsLogger
     flops: FlopShape | None = None  # the policy's FLOP counts, for perf/*_mfu
     peak: float | None = None  # peak FLOP/s per GPU (None: MFU not logged)
@@ -122,11 +128,6 @@ def check_world(cfg: Config, world: int) -> None:
 
 def setup(cfg: Config, resume_required: bool) -> Run:
     """Process group, policy (+ reference), DeepSpeed, data, engine, resume, logger."""
-    from minisparse.data import PromptSampler, load_prompts
-    from minisparse.engine import make_backend
-    from minisparse.evaluation import check_prompt_template
-    from minisparse.models import load_policy
-
     device = dist.init_distributed()
     check_world(cfg, dist.world_size())
     eval_problems = check_inputs(cfg)
@@ -265,7 +266,7 @@ def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
             metrics[key] = mean(s[key] for s in steps)
     skipped = int(sum(s["train/step_skipped"] for s in steps))
     run.nonfinite_steps += skipped
-    metrics["train/nonfinite_steps"] = float(skipped)
+    metrics["train/nonfinite_steps"] = Sum(skipped)
     metrics["train/step"] = float(run.train_engine.global_steps)
 
 
@@ -282,8 +283,6 @@ def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, floa
 
 def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
     """Benchmarks of cfg.eval with the current weights, each split over all ranks."""
-    from minisparse.evaluation import Shard, evaluate, flat_metrics
-
     rollout_memory(run.offload, run.llm, run.device)
     with rollout_weights(run.train_engine):
         run.llm.update_weights(run.train_engine.module)

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from minisparse.benchmarks import Problem, get_spec, load_benchmarks
-from minisparse.config import ConfigError
+from minisparse.config import ConfigError, EvalConfig, PromptTemplate, choices
+from minisparse.engine.backend import RolloutBackend
+from minisparse.engine.config import SamplingParams
 
 # The paper's default prompt: the question, this instruction, no chat template.
 BOXED_INSTRUCTION = " Please reason step by step, and put your final answer within \\boxed{}.\n\n"
@@ -28,7 +30,7 @@ BOXED_INSTRUCTION = " Please reason step by step, and put your final answer with
 # the model saw exactly this during RL, so the chat template repeats it verbatim.
 CHAT_SYSTEM = "You are a helpful assistant."
 CHAT_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{{}}."
-PROMPT_TEMPLATES = ("boxed", "chat")
+PROMPT_TEMPLATES = choices(PromptTemplate)
 
 
 class ResultsMismatchError(ValueError):
@@ -157,7 +159,7 @@ def _record(problem: Problem, out: Any, response: str, grade: Any) -> dict:
 
 
 def _generate_and_grade(
-    engine: Any, tokenizer: Any, problems: Sequence[Problem], params: Any,
+    engine: RolloutBackend, tokenizer: Any, problems: Sequence[Problem], params: SamplingParams,
     template: str, progress: bool,
 ) -> tuple[list[dict], dict]:
     """One process's problems: n samples each, graded; (records, timing stats)."""
@@ -185,7 +187,7 @@ def _generate_and_grade(
 
 
 def run_benchmark(
-    engine: Any, tokenizer: Any, problems: Sequence[Problem], params: Any,
+    engine: RolloutBackend, tokenizer: Any, problems: Sequence[Problem], params: SamplingParams,
     template: str, progress: bool = True, shard: Shard = Shard(),
 ) -> tuple[list[dict], dict]:
     """Generate n samples per problem, grade them; (per-sample records, timing stats).
@@ -261,7 +263,7 @@ def load_finished(bench_dir: Path, settings: dict) -> dict | None:
 # ------------------------------------------------------------------------------ driver
 
 
-def protocol_for(name: str, eval_cfg: Any) -> tuple[int, int]:
+def protocol_for(name: str, eval_cfg: EvalConfig) -> tuple[int, int]:
     """(n_samples, max_new_tokens): the config's value when set, else the paper's."""
     spec = get_spec(name)
     n, max_new = eval_cfg.n_samples, eval_cfg.max_new_tokens
@@ -269,21 +271,12 @@ def protocol_for(name: str, eval_cfg: Any) -> tuple[int, int]:
             spec.max_new_tokens if max_new is None else max_new)
 
 
-def _sampling_params(eval_cfg: Any, n: int, max_new: int, seed: int | None) -> Any:
-    from minisparse.engine import SamplingParams
-
-    return SamplingParams(
-        temperature=eval_cfg.temperature, top_p=eval_cfg.top_p, top_k=-1,
-        max_new_tokens=max_new, n=n, seed=seed,
-    )
-
-
 def _json_normal(obj: Any) -> Any:
     return json.loads(json.dumps(obj))
 
 
 def _plan(
-    problems: dict[str, list[Problem]], eval_cfg: Any, common: dict,
+    problems: dict[str, list[Problem]], eval_cfg: EvalConfig, common: dict,
     output_dir: str | Path | None, overwrite: bool,
 ) -> list[tuple[str, dict, Path | None, dict | None]]:
     """(name, settings, folder, saved result or None) per benchmark. Runs before any
@@ -301,12 +294,12 @@ def _plan(
 
 
 def _score_benchmark(
-    engine: Any, tokenizer: Any, eval_cfg: Any, problems: list[Problem], bench_settings: dict,
-    bench_dir: Path | None, progress: bool, shard: Shard,
+    engine: RolloutBackend, tokenizer: Any, eval_cfg: EvalConfig, problems: list[Problem],
+    bench_settings: dict, bench_dir: Path | None, progress: bool, shard: Shard,
 ) -> dict:
     """Generate, grade and (with a folder, on rank 0) write one benchmark; its metrics."""
     n, max_new = bench_settings["n_samples"], bench_settings["max_new_tokens"]
-    params = _sampling_params(eval_cfg, n, max_new, bench_settings["seed"])
+    params = SamplingParams.from_config(eval_cfg, n, max_new, bench_settings["seed"])
     records, timing = run_benchmark(
         engine, tokenizer, problems, params, eval_cfg.prompt_template, progress, shard
     )
@@ -318,7 +311,8 @@ def _score_benchmark(
 
 
 def evaluate(
-    engine: Any, tokenizer: Any, eval_cfg: Any, output_dir: str | Path | None = None, *,
+    engine: RolloutBackend, tokenizer: Any, eval_cfg: EvalConfig,
+    output_dir: str | Path | None = None, *,
     settings: dict | None = None, seed: int | None = None, overwrite: bool = False,
     progress: bool = True, problems: dict[str, list[Problem]] | None = None,
     log: Callable[[str], None] = print, shard: Shard = Shard(),

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from minisparse.config import Dtype, choices
+
 _QWEN_COMMON = dict(
     vocab_size=151936,
     rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
@@ -42,7 +44,7 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
                          "original_max_position_embeddings": 8192})),
 }
 
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = choices(Dtype)
 
 
 def shape_config(name: str):

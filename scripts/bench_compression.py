@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minisparse.compression import RKV, SnapKV  # noqa: E402
+from minisparse.config import Selection, choices  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -43,7 +44,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--window", type=int, default=8)
     p.add_argument("--divide-length", type=int, default=128)
-    p.add_argument("--selection", default="per_head", choices=["per_head", "per_layer"])
+    p.add_argument("--selection", default="per_head", choices=choices(Selection))
     p.add_argument("--chunk-mb", type=int, default=None, help="select_batch memory cap")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)

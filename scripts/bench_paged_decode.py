@@ -1,101 +1,10 @@
-"""Time the Triton paged decode kernel against the engine's gather + SDPA decode path and
-report achieved bandwidth against the bytes that must be read (sum(cache_lens) * H_kv * D *
-2 (K and V) * element size), i.e. the fraction of HBM bandwidth the kernel reaches.
-
-    python scripts/bench_paged_decode.py                    # Qwen2.5-3B layer shapes, bf16
-    python scripts/bench_paged_decode.py --q-heads 28 --kv-heads 4          # 7B
-    python scripts/bench_paged_decode.py --q-heads 32 --kv-heads 8 --head-dim 64  # Llama-1B
-
-Lengths are drawn uniformly within +-10% of each mean. The SDPA column is the engine's
-former decode path (gather the slots into a dense copy, then masked SDPA with the G query
-heads folded into the query axis). "err" is the kernel's relative error against it.
-"""
-from __future__ import annotations
-
-import argparse
+"""Kept for its old command line: the paged decode benchmark is now
+`python -m minisparse.engine.bench_decode` (same flags)."""
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "engine")]
-from minisparse.engine.layers import triton_decode  # noqa: E402
-from paged_decode_cases import Case, make_case  # noqa: E402
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-CONFIGS = "256x640,256x4096,64x4096,16x4096,4x16384,1x16384"
-
-
-def gather_sdpa(c: Case, max_len: int):
-    """A closure running the engine's original decode attention on case c: gather each
-    sequence's slots (length padded to 16) into [B, H_kv, L, D], fold the G query heads of a
-    KV head into SDPA's query axis and mask entries past cache_lens."""
-    B, h_q, D = c.q.shape
-    h_kv = c.k_cache.shape[1]
-    L = -(-max_len // 16) * 16
-    j = torch.arange(L, device=c.q.device)
-    pages = (j // c.page_size).clamp(max=c.page_table.shape[1] - 1)
-    gather = c.page_table[c.rows][:, pages] * c.page_size + j % c.page_size
-    mask = (j[None, :] < c.cache_lens[:, None])[:, None, None, :]
-
-    def run() -> torch.Tensor:
-        keys = c.k_cache[gather].transpose(1, 2)
-        values = c.v_cache[gather].transpose(1, 2)
-        qp = c.q.view(B, h_kv, h_q // h_kv, D)
-        out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask, scale=c.scale)
-        return out.reshape(B, h_q, D)
-
-    return run
-
-
-def bench_one(B: int, mean: int, args: argparse.Namespace) -> dict:
-    from triton.testing import do_bench
-
-    g = torch.Generator().manual_seed(B * 7919 + mean)
-    lo, hi = max(1, int(mean * 0.9)), int(mean * 1.1) + 1
-    lens = torch.randint(lo, hi, (B,), generator=g).tolist()
-    dtype = DTYPES[args.dtype]
-    c = make_case(lens, args.q_heads, args.kv_heads, args.head_dim, args.page_size, dtype,
-                  device="cuda", poison=0.0)
-    max_len = max(lens)
-    run = lambda: triton_decode.paged_decode_attention(*c.args(), max_len=max_len)  # noqa: E731
-    ref_fn = gather_sdpa(c, max_len)
-    out, ref = run(), ref_fn()
-    err = float((out.float() - ref.float()).norm() / ref.float().norm())
-    t_k = do_bench(run, warmup=25, rep=args.rep, return_mode="median")
-    t_s = do_bench(ref_fn, warmup=25, rep=args.rep, return_mode="median")
-    nbytes = sum(lens) * args.kv_heads * args.head_dim * 2 * c.k_cache.element_size()
-    splits = triton_decode.choose_splits(B * args.kv_heads, max_len,
-                                         torch.cuda.get_device_properties(0).multi_processor_count)
-    return dict(B=B, L=mean, splits=splits, ms=t_k, gbs=nbytes / t_k / 1e6, sdpa_ms=t_s,
-                sdpa_gbs=nbytes / t_s / 1e6, speedup=t_s / t_k, err=err)
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", default=CONFIGS, help="comma list of BATCHxMEAN_LENGTH")
-    p.add_argument("--q-heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--dtype", choices=DTYPES, default="bf16")
-    p.add_argument("--rep", type=int, default=200, help="do_bench time budget per call (ms)")
-    args = p.parse_args()
-    print(f"{torch.cuda.get_device_name()}  H_q={args.q_heads} H_kv={args.kv_heads} "
-          f"D={args.head_dim} page={args.page_size} {args.dtype}")
-    head = f"{'B':>4} {'L':>6} {'splits':>6} {'triton ms':>10} {'GB/s':>7} " \
-           f"{'sdpa ms':>9} {'GB/s':>7} {'speedup':>8} {'err':>8}"
-    print(head)
-    for cfg in args.configs.split(","):
-        B, L = (int(x) for x in cfg.split("x"))
-        r = bench_one(B, L, args)
-        print(f"{r['B']:>4} {r['L']:>6} {r['splits']:>6} {r['ms']:>10.4f} {r['gbs']:>7.0f} "
-              f"{r['sdpa_ms']:>9.4f} {r['sdpa_gbs']:>7.0f} {r['speedup']:>7.2f}x "
-              f"{r['err']:>8.1e}")
-        torch.cuda.empty_cache()
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minisparse.engine.bench_decode import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

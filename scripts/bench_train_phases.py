@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import train  # noqa: E402
-from minisparse.config import add_config_args, config_from_args  # noqa: E402
+from minisparse.config_cli import add_config_args, config_from_args  # noqa: E402
 from minisparse.grpo import distributed as dist  # noqa: E402
 from minisparse.grpo.attention import use_attention  # noqa: E402
 from minisparse.grpo.flops import flop_shape, peak_flops  # noqa: E402

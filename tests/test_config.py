@@ -3,9 +3,10 @@ import dataclasses
 
 import pytest
 
-from minisparse.config import (
-    CONFIGS_DIR, Config, ConfigError, add_config_args, config_from_args, config_to_dict,
-    dump_config, load_config, resolve_config_path,
+from minisparse.config import Config, ConfigError
+from minisparse.config_cli import add_config_args, config_from_args
+from minisparse.config_load import (
+    CONFIGS_DIR, config_to_dict, dump_config, load_config, resolve_config_path,
 )
 
 SHIPPED = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
@@ -173,3 +174,14 @@ def test_cli_helpers(capsys):
         config_from_args(_parse(["--set", "compress.budgett=1"]))
     assert info.value.code == 2
     assert capsys.readouterr().err.startswith("config error: unknown config key")
+
+
+def test_moved_names_stay_importable_from_config():
+    import minisparse.config as schema
+    from minisparse import config_cli, config_load
+
+    assert schema.load_config is config_load.load_config
+    assert schema.config_from_args is config_cli.config_from_args
+    assert schema.ENUMS["compress.divide_method"] == ("step_length", "newline")
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        schema.nothing  # noqa: B018

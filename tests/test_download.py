@@ -48,7 +48,7 @@ def test_paper_config_reads_what_the_download_command_writes(tmp_path, monkeypat
     and that path, missing, names this very command."""
     import pandas as pd
 
-    from minisparse.config import load_config
+    from minisparse.config_load import load_config
     from minisparse.data import DataError, require_data_file
 
     path = load_config(config).data.path

@@ -202,14 +202,15 @@ def test_shard_bounds_cover_every_item_once():
 def _eval_engine(tiny_path):
     import torch
 
-    from minisparse.engine import EngineArgs, LLMEngine
+    from minisparse.config import EngineConfig
+    from minisparse.engine import LLMEngine
     from minisparse.models import load_policy
 
     model, tok = load_policy(str(tiny_path), "float32", "cpu")
     torch.manual_seed(0)
-    args = EngineArgs(page_size=4, kv_cpu_memory_gb=0.05, max_num_seqs=32,
-                      max_prefill_tokens=2048, cuda_graphs=False, device="cpu")
-    return LLMEngine(model, tok, args), tok
+    args = EngineConfig(page_size=4, kv_cpu_memory_gb=0.05, max_num_seqs=32,
+                        max_prefill_tokens=2048, cuda_graphs=False)
+    return LLMEngine(model, tok, args, None, "cpu"), tok
 
 
 SPLIT_CFG = dict(benchmarks=["gsm8k", "amc23"], n_samples=3, max_new_tokens=12)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.config import CompressConfig
+from minisparse.config import Algorithm, CompressConfig, GroupPooling, Pooling, Selection, choices
 
 from .scoring import attention_importance, position_mask, redundancy, uses_triton
 
-POOLINGS = ("max", "avg")
-GROUP_POOLINGS = ("max", "mean")
-SELECTIONS = ("per_head", "per_layer")
+POOLINGS = choices(Pooling)
+GROUP_POOLINGS = choices(GroupPooling)
+SELECTIONS = choices(Selection)
 DEFAULT_CHUNK_BYTES = 1 << 30
 
 
@@ -231,8 +231,7 @@ def build_policy(cfg: CompressConfig) -> RKV | SnapKV | None:
         return SnapKV(**common)
     if algorithm == "rkv":
         return RKV(mix_lambda=cfg.mix_lambda, sim_threshold=cfg.sim_threshold, **common)
-    raise ValueError(f"algorithm: must be one of ('none', 'rkv', 'snapkv'), "
-                     f"got {cfg.algorithm!r}")
+    raise ValueError(f"algorithm: must be one of {choices(Algorithm)}, got {cfg.algorithm!r}")
 
 
 def _check(ok: bool, name: str, message: str) -> None:

@@ -16,15 +16,15 @@ divide_method "step_length": due when cache_len > budget and either since_last >
 divide_method "newline": due when cache_len > budget and the token just generated
   decodes to text containing a newline, or when cache_len >= budget + max_buffer (the
   hard cap; max_buffer None means 4 * divide_length).
-divide_method "none", or algorithm "none": never due.
+algorithm "none": never due.
 """
 from __future__ import annotations
 
 import torch
 
-from minisparse.config import CompressConfig
+from minisparse.config import CompressConfig, DivideMethod, choices
 
-DIVIDE_METHODS = ("step_length", "newline", "none")
+DIVIDE_METHODS = choices(DivideMethod)
 
 
 def max_buffer(cfg: CompressConfig) -> int:
@@ -38,7 +38,7 @@ def max_cache_tokens(cfg: CompressConfig) -> int | None:
     A prompt longer than this exceeds it only between its prefill and the first check.
     """
     _check_config(cfg)
-    if cfg.algorithm == "none" or cfg.divide_method == "none":
+    if cfg.algorithm == "none":
         return None
     if cfg.divide_method == "step_length":
         return cfg.budget + cfg.divide_length
@@ -57,7 +57,7 @@ def compress_due(
     newline_token_ids for building it with one lookup). The result is on their device.
     """
     _check_config(cfg)
-    if cfg.algorithm == "none" or cfg.divide_method == "none":
+    if cfg.algorithm == "none":
         return torch.zeros_like(cache_len, dtype=torch.bool)
     over = cache_len > cfg.budget
     if cfg.divide_method == "step_length":

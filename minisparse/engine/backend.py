@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from minisparse.config import Config, ConfigError
-from minisparse.engine.config import EngineArgs, SamplingParams
+from minisparse.engine.config import SamplingParams
 from minisparse.engine.sequence import GenerateStats, SampleOutput
 
 
@@ -38,17 +38,17 @@ class RolloutBackend(Protocol):
 def make_backend(cfg: Config, model: nn.Module, tokenizer: Any,
                  device: torch.device | str) -> RolloutBackend:
     """The backend cfg.engine.backend names, over `model`'s current weights."""
-    args = EngineArgs.from_config(cfg, device)
     if cfg.engine.backend == "native":
         from minisparse.engine.engine import LLMEngine
 
-        return LLMEngine(model, tokenizer, args)
+        return LLMEngine(model, tokenizer, cfg.engine, cfg.compress, device)
     if cfg.engine.backend == "sglang":
-        if args.compression_on:  # validate_config catches this first; kept for direct use
+        if cfg.compress.algorithm != "none":  # validate_config catches this first
             raise ConfigError("engine.backend=sglang is dense only (compress.algorithm=none)")
         from minisparse.engine.sglang_backend import SGLangBackend
 
-        backend = SGLangBackend(model, tokenizer, args, cfg.model.dtype, seed=cfg.seed)
+        backend = SGLangBackend(model, tokenizer, cfg.engine, cfg.compress, device,
+                                cfg.model.dtype, seed=cfg.seed)
         backend.update_weights(model)  # it starts on dummy weights
         return backend
     raise ConfigError(f"config key 'engine.backend': unknown backend {cfg.engine.backend!r}")

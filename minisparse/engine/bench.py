@@ -1,7 +1,7 @@
 """Rollout throughput benchmark: `python -m minisparse.engine.bench --model qwen2.5-3b
---device cuda --batch 256 --prompt-len 256 --max-new 2048 --compress rkv --budget 512`.
+--device cuda --batch 256 --prompt-len 256 --max-new-tokens 2048 --compress rkv --budget 512`.
 
-Random seeded prompts, EOS ignored so every sequence runs to --max-new. Prints one summary
+Random seeded prompts, EOS ignored so every sequence runs to --max-new-tokens. Prints one summary
 line per timed run (after an untimed warm-up) and writes the median run's numbers, plus
 every run's, to --json. `--backend sglang` runs the same workload through the embedded
 SGLang engine (dense only); `--backend both` runs native then SGLang in one process and
@@ -16,31 +16,35 @@ import time
 
 import torch
 
-from minisparse.config import CompressConfig
-from minisparse.engine import EngineArgs, LLMEngine, SamplingParams
+from minisparse.config import Algorithm, Backend, CompressConfig, Dtype, EngineConfig, choices
+from minisparse.engine import LLMEngine, SamplingParams
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    c, e = CompressConfig(), EngineConfig()  # the defaults the run config has
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="HF dir, 'tiny', or a shape name")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--backend", default="native", choices=["native", "sglang", "both"])
-    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--backend", default="native", choices=[*choices(Backend), "both"])
+    p.add_argument("--dtype", default=None, choices=choices(Dtype),
+                   help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batch", type=int, default=64, help="number of prompts")
     p.add_argument("--prompt-len", type=int, default=256)
-    p.add_argument("--max-new", type=int, default=512)
+    # --max-new and --kv-fraction: the old spellings (eval.py spells them as here)
+    p.add_argument("--max-new-tokens", "--max-new", type=int, default=512)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--compress", default="none", choices=["none", "rkv", "snapkv"])
-    p.add_argument("--budget", type=int, default=512)
-    p.add_argument("--window", type=int, default=8)
-    p.add_argument("--divide-length", type=int, default=128)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--kv-memory-gb", type=float, default=0.0)
-    p.add_argument("--kv-fraction", type=float, default=0.8)
-    p.add_argument("--max-num-seqs", type=int, default=512)
-    p.add_argument("--max-prefill-tokens", type=int, default=16384)
+    p.add_argument("--compress", default=c.algorithm, choices=choices(Algorithm))
+    p.add_argument("--budget", type=int, default=c.budget)
+    p.add_argument("--window", type=int, default=c.window)
+    p.add_argument("--divide-length", type=int, default=c.divide_length)
+    p.add_argument("--page-size", type=int, default=e.page_size)
+    p.add_argument("--kv-memory-gb", type=float, default=e.kv_memory_gb)
+    p.add_argument("--kv-memory-fraction", "--kv-fraction", type=float,
+                   default=e.kv_memory_fraction)
+    p.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs)
+    p.add_argument("--max-prefill-tokens", type=int, default=e.max_prefill_tokens)
     p.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
     p.add_argument("--repeats", type=int, default=1,
                    help="timed runs; the JSON's top-level numbers are the median run's")
@@ -66,21 +70,21 @@ def build(args: argparse.Namespace, backend: str = "native"):
     model.eval()
     compress = CompressConfig(algorithm=args.compress, budget=args.budget, window=args.window,
                               divide_length=args.divide_length)
-    engine_args = EngineArgs(
+    engine_cfg = EngineConfig(
         page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
-        kv_memory_fraction=args.kv_fraction, max_num_seqs=args.max_num_seqs,
-        max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs,
-        compress=compress, device=args.device)
+        kv_memory_fraction=args.kv_memory_fraction, max_num_seqs=args.max_num_seqs,
+        max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs)
     if backend == "sglang":
         from minisparse.engine.sglang_backend import SGLangBackend
 
-        engine = SGLangBackend(model, tokenizer, engine_args, dtype, seed=args.seed)
+        engine = SGLangBackend(model, tokenizer, engine_cfg, compress, args.device, dtype,
+                               seed=args.seed)
         engine.update_weights(model)  # the same random weights as the native run
     else:
-        engine = LLMEngine(model, tokenizer, engine_args)
+        engine = LLMEngine(model, tokenizer, engine_cfg, compress, args.device)
     prompts = random_prompts(args.batch, args.prompt_len, model.config.vocab_size, args.seed)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_new_tokens=args.max_new, seed=args.seed, ignore_eos=True)
+                            max_new_tokens=args.max_new_tokens, seed=args.seed, ignore_eos=True)
     return engine, prompts, params, dtype
 
 
@@ -124,13 +128,15 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
             peak_pages_used=s.peak_pages_used, preemptions=s.preemptions,
             compressions=s.compressions, evicted_tokens=s.evicted_tokens,
             peak_gpu_memory_gb=(torch.cuda.max_memory_allocated() / 2**30
-                                if args.device.startswith("cuda") else 0.0)))
+                                if args.device.startswith("cuda") else 0.0),
+            device_used_gb=device_used_gb(args.device)))
         print(f"[bench {r + 1}/{args.repeats}] {backend} model={args.model} compress={args.compress} "
-              f"batch={args.batch} prompt={args.prompt_len} new={args.max_new}: "
+              f"batch={args.batch} prompt={args.prompt_len} new={args.max_new_tokens}: "
               f"{s.tokens_per_s:.0f} tok/s, {s.generated_tokens} tok in {s.wall_s:.2f}s, "
               f"peak kv {s.peak_kv_tokens} tok (per seq {runs[-1]['peak_kv_tokens_per_seq']}), "
               f"preemptions {s.preemptions}, compressions {s.compressions}, "
-              f"gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB", flush=True)
+              f"gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB (this process), "
+              f"{runs[-1]['device_used_gb']:.1f} GiB in use on the device", flush=True)
     pool = getattr(engine, "pool", None)  # the native engine's; SGLang sizes its own
     result = dict(median_run(runs), runs=runs, backend=backend,
                   pool_pages=pool.num_pages if pool else 0,
@@ -145,6 +151,15 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     return result
+
+
+def device_used_gb(device: str) -> float:
+    """Memory in use on the whole GPU: SGLang holds its pool in a subprocess, which the
+    allocator's own peak cannot see, so the two backends compare only on this figure."""
+    if not device.startswith("cuda"):
+        return 0.0
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return (total - free) / 2**30
 
 
 if __name__ == "__main__":

@@ -1,33 +1,4 @@
-"""Page allocator for the KV pool: a free list of page ids and usage counters. Which
-pages a sequence owns is its `pages` list; the runner mirrors it into a device page table."""
-from __future__ import annotations
+"""The page allocator's old module and name (see page_allocator.py)."""
+from minisparse.engine.page_allocator import PageAllocator as BlockManager
 
-from collections import deque
-
-
-class BlockManager:
-    def __init__(self, num_pages: int, page_size: int) -> None:
-        self.num_pages, self.page_size = num_pages, page_size
-        self.free: deque[int] = deque(range(num_pages))
-        self.peak_used = 0
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free)
-
-    @property
-    def num_used(self) -> int:
-        return self.num_pages - len(self.free)
-
-    def pages_for(self, tokens: int) -> int:
-        return -(-tokens // self.page_size)
-
-    def allocate(self, n: int) -> list[int]:
-        if n > len(self.free):
-            raise RuntimeError(f"KV pool: asked for {n} pages, {len(self.free)} free")
-        pages = [self.free.popleft() for _ in range(n)]
-        self.peak_used = max(self.peak_used, self.num_used)
-        return pages
-
-    def release(self, pages: list[int]) -> None:
-        self.free.extend(pages)
+__all__ = ["BlockManager"]

@@ -5,7 +5,7 @@ Entry j of head h becomes the j-th kept token of head h, so after compaction eve
 every layer holds exactly `budget` entries and attention needs only the per-sequence
 length. Kept indices are ascending and index[j] >= j, and all kept values are gathered
 before any is written, so packing in place is safe. The caller returns the pages past
-the first ceil(budget / page_size) to the pool.
+the first ceil(budget / page_size) to the pool (Scheduler.compacted).
 """
 from __future__ import annotations
 

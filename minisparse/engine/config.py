@@ -1,42 +1,10 @@
-"""Engine settings (EngineArgs) and per-call sampling settings (SamplingParams).
-
-EngineArgs is what the engine needs from the run config (cfg.engine + cfg.compress), kept
-as its own small dataclass so benches and tests can build an engine without a full Config.
-"""
+"""Per-call sampling settings (SamplingParams). The engine's own settings are the run
+config's sections (minisparse.config.EngineConfig and CompressConfig)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
-
-from minisparse.config import CompressConfig, Config
-
-
-@dataclass
-class EngineArgs:
-    page_size: int = 16
-    kv_memory_gb: float = 0.0  # > 0: exact pool size in GiB
-    kv_memory_fraction: float = 0.8  # else: fraction of free GPU memory
-    kv_cpu_memory_gb: float = 1.0  # CPU: pool size is kv_memory_fraction of this
-    max_num_seqs: int = 512
-    max_prefill_tokens: int = 16384
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    cuda_graphs: bool = True
-    compress: CompressConfig = field(default_factory=CompressConfig)
-    device: torch.device | str = "cpu"
-
-    @classmethod
-    def from_config(cls, cfg: Config, device: torch.device | str) -> EngineArgs:
-        """Engine settings for a run: pool, scheduler and compression come from the config."""
-        e = cfg.engine
-        return cls(page_size=e.page_size, kv_memory_gb=e.kv_memory_gb,
-                   kv_memory_fraction=e.kv_memory_fraction, kv_cpu_memory_gb=e.kv_cpu_memory_gb,
-                   max_num_seqs=e.max_num_seqs, max_prefill_tokens=e.max_prefill_tokens,
-                   cuda_graphs=e.cuda_graphs, compress=cfg.compress, device=device)
-
-    @property
-    def compression_on(self) -> bool:
-        return self.compress is not None and self.compress.algorithm != "none"
+from minisparse.config import Config, EvalConfig
 
 
 @dataclass
@@ -60,3 +28,11 @@ class SamplingParams:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.n < 1 or self.max_new_tokens < 1:
             raise ValueError(f"invalid SamplingParams: {self}")
         self.stop_token_ids = tuple(self.stop_token_ids)
+
+    @classmethod
+    def from_config(cls, cfg: Config | EvalConfig, n: int, max_new_tokens: int,
+                    seed: int | None) -> SamplingParams:
+        """Rollout sampling (a run Config) or benchmark sampling (an EvalConfig: no top-k)."""
+        top_k = cfg.top_k if isinstance(cfg, Config) else -1
+        return cls(temperature=cfg.temperature, top_p=cfg.top_p, top_k=top_k,
+                   max_new_tokens=max_new_tokens, n=n, seed=seed)

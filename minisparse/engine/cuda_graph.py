@@ -33,7 +33,7 @@ def batch_buckets(max_bs: int) -> list[int]:
 class DecodeGraphs:
     def __init__(self, lm: CausalLM, pool: KVPool, max_len: int, use_graphs: bool = True) -> None:
         self.lm, self.pool, self.max_len, self.use_graphs = lm, pool, max_len, use_graphs
-        max_bs = pool.args.max_num_seqs
+        max_bs = pool.cfg.max_num_seqs
         self.buckets = batch_buckets(max_bs)
         dev = pool.device
         self.ids = torch.zeros(max_bs, dtype=torch.long, device=dev)

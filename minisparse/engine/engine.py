@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from minisparse.compression import build_policy, compress_due, max_cache_tokens, newline_token_ids
-from minisparse.engine.block_manager import BlockManager
+from minisparse.engine.page_allocator import PageAllocator
 from minisparse.engine.compaction import compact
-from minisparse.engine.config import EngineArgs, SamplingParams
-from minisparse.engine.cuda_graph import DecodeGraphs
+from minisparse.config import CompressConfig, EngineConfig
+from minisparse.engine.config import SamplingParams
 from minisparse.engine.kv_pool import KVPool
 from minisparse.engine.layers.sampler import seed_for
 from minisparse.engine.model_runner import ModelRunner
@@ -45,46 +45,49 @@ def eos_token_ids(model: nn.Module, tokenizer) -> set[int]:
 
 
 class LLMEngine:
-    def __init__(self, model: nn.Module, tokenizer, args: EngineArgs) -> None:
-        self.args, self.tokenizer = args, tokenizer
-        self.device = torch.device(args.device)
+    def __init__(self, model: nn.Module, tokenizer, cfg: EngineConfig,
+                 compress: CompressConfig | None = None,
+                 device: torch.device | str = "cpu") -> None:
+        """cfg and compress are the run config's engine and compress sections (compress
+        None or algorithm "none": dense rollouts)."""
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.compress = compress or CompressConfig()
+        self.device = torch.device(device)
         self.lm = CausalLM(model)
-        self.pool = KVPool(self.lm, args, self.device)
+        self.policy = build_policy(self.compress)  # None when dense
+        self.pool = KVPool(self.lm, cfg, self.policy.window if self.policy else 0, self.device)
         self.pool.allocate()
-        self.runner = ModelRunner(self.lm, self.pool)
+        bound = max_cache_tokens(self.compress) if self.policy is not None else None
+        self.runner = ModelRunner(self.lm, self.pool, cfg.cuda_graphs, bound)
         self.eos_ids = eos_token_ids(model, tokenizer)
-        self.policy = build_policy(args.compress) if args.compression_on else None
         self.newline_ids: set[int] = set()
-        if self.policy is not None and args.compress.divide_method == "newline":
+        if self.policy is not None and self.compress.divide_method == "newline":
             self.newline_ids = set(newline_token_ids(tokenizer))
-        self._reset_graphs()
         self.last_stats = GenerateStats()
-        self.blocks: BlockManager | None = None  # the last generate() call's page allocator
+        self.allocator: PageAllocator | None = None  # the last generate() call's
+
+    @property
+    def blocks(self) -> PageAllocator | None:
+        """The old name of `allocator`."""
+        return self.allocator
 
     # ---- phase control ------------------------------------------------------------------
 
     def sleep(self) -> None:
         """Free the KV pool (and query ring, and decode graphs) for the training phase."""
-        self.runner.graphs = None
+        self.runner.release_graphs()
         self.pool.release()
 
     def wake(self) -> None:
         if not self.pool.allocated:
             self.pool.allocate()
-            self._reset_graphs()
+            self.runner.reset_graphs()
 
     def update_weights(self, model: nn.Module) -> None:
         """Re-bind to the (possibly new) parameter tensors of `model`; nothing is copied.
         Captured decode graphs are dropped (they hold the old tensors' addresses)."""
         self.lm.bind(model)
-        self._reset_graphs()
-
-    def _reset_graphs(self) -> None:
-        """Fresh (empty, lazily captured) decode graphs when enabled on CUDA."""
-        self.runner.graphs = None
-        if self.args.cuda_graphs and self.device.type == "cuda" and self.pool.allocated:
-            bound = max_cache_tokens(self.args.compress) if self.policy is not None else None
-            self.runner.graphs = DecodeGraphs(self.lm, self.pool, bound or self.pool.max_model_len)
+        self.runner.reset_graphs()
 
     # ---- generation ---------------------------------------------------------------------
 
@@ -94,8 +97,8 @@ class LLMEngine:
         if not self.pool.allocated:
             raise RuntimeError("engine is asleep: call wake() before generate()")
         base_seed = params.seed if params.seed is not None else random.getrandbits(32)
-        blocks = self.blocks = BlockManager(self.pool.num_pages, self.pool.page_size)
-        sched = Scheduler(blocks, self.args.max_num_seqs, self.args.max_prefill_tokens)
+        allocator = self.allocator = PageAllocator(self.pool.num_pages, self.pool.page_size)
+        sched = Scheduler(allocator, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens)
         seqs = []
         for p, prompt in enumerate(prompt_token_ids):
             for j in range(params.n):
@@ -111,7 +114,7 @@ class LLMEngine:
         start = time.perf_counter()
         bar = _progress(len(seqs), progress)
         while not sched.done:
-            finished = self._step(sched, blocks, params, stats)
+            finished = self._step(sched, params, stats)
             if bar is not None and finished:
                 bar.update(finished)
         if bar is not None:
@@ -119,15 +122,14 @@ class LLMEngine:
         stats.wall_s = time.perf_counter() - start
         stats.generated_tokens = sum(s.num_generated for s in seqs)
         stats.tokens_per_s = stats.generated_tokens / max(stats.wall_s, 1e-9)
-        stats.peak_pages_used = blocks.peak_used
+        stats.peak_pages_used = allocator.peak_used
         stats.preemptions = sched.preemptions
         stats.compressions = sum(s.num_compressions for s in seqs)
         stats.evicted_tokens = sum(s.evicted_tokens for s in seqs)
         self.last_stats = stats
         return [s.to_output() for s in seqs]
 
-    def _step(self, sched: Scheduler, blocks: BlockManager, params: SamplingParams,
-              stats: GenerateStats) -> int:
+    def _step(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> int:
         """One engine step; returns how many sequences finished in it."""
         chunks, aborted = sched.schedule_prefill()
         for seq in aborted:
@@ -157,7 +159,7 @@ class LLMEngine:
         stats.steps += 1
         stats.peak_kv_tokens = max(stats.peak_kv_tokens, _cached_tokens(sched))
         finished = self._append(sched, done, tokens, logprobs, params)
-        self._compress(blocks, [s for s in done if s.finish_reason is None])
+        self._compress(sched, [s for s in done if s.finish_reason is None])
         return finished + len(aborted)
 
     def _append(self, sched: Scheduler, seqs: list[Sequence], tokens: list[int],
@@ -179,29 +181,24 @@ class LLMEngine:
             finished += 1
         return finished
 
-    def _compress(self, blocks: BlockManager, seqs: list[Sequence]) -> None:
+    def _compress(self, sched: Scheduler, seqs: list[Sequence]) -> None:
         """Compress every sequence of `seqs` the trigger marks due, in one batched call."""
         if self.policy is None or not seqs:
             return
-        cfg = self.args.compress
-        seqs = [s for s in seqs if s.cache_len > cfg.budget]  # never due at or under budget
+        budget = self.policy.budget
+        seqs = [s for s in seqs if s.cache_len > budget]  # never due at or under budget
         if not seqs:
             return
         lens = torch.tensor([s.cache_len for s in seqs])
         since = torch.tensor([s.since_compress for s in seqs])
         newline = torch.tensor([s.last_token in self.newline_ids for s in seqs])
-        due = [s for s, d in zip(seqs, compress_due(lens, since, newline, cfg).tolist()) if d]
+        due = compress_due(lens, since, newline, self.compress).tolist()
+        due = [s for s, d in zip(seqs, due) if d]
         if not due:
             return
         compact(self.pool, self.policy, [s.slot for s in due], [s.cache_len for s in due],
                 [s.num_computed for s in due])
-        keep_pages = blocks.pages_for(cfg.budget)
-        for seq in due:
-            blocks.release(seq.pages[keep_pages:])
-            seq.pages = seq.pages[:keep_pages]
-            seq.evicted_tokens += seq.cache_len - cfg.budget
-            seq.cache_len, seq.since_compress = cfg.budget, 0
-            seq.num_compressions += 1
+        sched.compacted(due, budget)
 
     def _sync_pages(self, sched: Scheduler) -> None:
         dirty = sched.take_dirty()

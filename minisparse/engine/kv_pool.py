@@ -12,29 +12,30 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.engine.config import EngineArgs
+from minisparse.config import EngineConfig
 from minisparse.engine.models import CausalLM
 
 _GIB = 1 << 30
 
 
-def pool_bytes(args: EngineArgs, device: torch.device, reserved: int = 0) -> int:
+def pool_bytes(cfg: EngineConfig, device: torch.device, reserved: int = 0) -> int:
     """Bytes for the pool: kv_memory_gb if set, else a fraction of the free GPU memory
     (minus what the engine reserves for other buffers), or of kv_cpu_memory_gb on CPU."""
-    if args.kv_memory_gb > 0:
-        return int(args.kv_memory_gb * _GIB)
+    if cfg.kv_memory_gb > 0:
+        return int(cfg.kv_memory_gb * _GIB)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(args.kv_memory_fraction * max(free - reserved, 0))
-    return int(args.kv_memory_fraction * args.kv_cpu_memory_gb * _GIB)
+        return int(cfg.kv_memory_fraction * max(free - reserved, 0))
+    return int(cfg.kv_memory_fraction * cfg.kv_cpu_memory_gb * _GIB)
 
 
 class KVPool:
-    def __init__(self, lm: CausalLM, args: EngineArgs, device: torch.device) -> None:
-        self.lm, self.args, self.device = lm, args, device
-        self.page_size = args.page_size
-        self.window = args.compress.window if args.compression_on else 0
-        self.max_model_len = min(args.max_model_len or lm.max_position, lm.max_position)
+    def __init__(self, lm: CausalLM, cfg: EngineConfig, window: int, device: torch.device) -> None:
+        """window: queries kept per sequence for compression (0: dense, no query ring)."""
+        self.lm, self.cfg, self.device = lm, cfg, device
+        self.page_size = cfg.page_size
+        self.window = window
+        self.max_model_len = min(cfg.max_model_len or lm.max_position, lm.max_position)
         self.k = self.v = self.q_ring = self.page_table = None
         self.num_pages = 0
 
@@ -51,14 +52,14 @@ class KVPool:
         """Allocate ring and page table, then give the pool what the budget leaves."""
         lm, dev, dtype = self.lm, self.device, self.lm.dtype
         if self.window:
-            rows = (self.args.max_num_seqs + 1) * self.window
+            rows = (self.cfg.max_num_seqs + 1) * self.window
             self.q_ring = torch.zeros(lm.num_layers, rows, lm.num_heads, lm.head_dim,
                                       dtype=dtype, device=dev)
-        self.num_pages = pool_bytes(self.args, dev) // self.bytes_per_page() - 1
+        self.num_pages = pool_bytes(self.cfg, dev) // self.bytes_per_page() - 1
         if self.num_pages < 1:
             raise RuntimeError("KV pool budget is smaller than two pages")
         pages_per_seq = min(self.num_pages, -(-self.max_model_len // self.page_size))
-        self.page_table = torch.zeros(self.args.max_num_seqs + 1, pages_per_seq,
+        self.page_table = torch.zeros(self.cfg.max_num_seqs + 1, pages_per_seq,
                                       dtype=torch.long, device=dev)
         self.page_table[self.scratch_row] = self.num_pages
         shape = (lm.num_layers, (self.num_pages + 1) * self.page_size, lm.num_kv_heads,
@@ -73,7 +74,7 @@ class KVPool:
 
     @property
     def scratch_row(self) -> int:
-        return self.args.max_num_seqs
+        return self.cfg.max_num_seqs
 
     @property
     def pages_per_seq(self) -> int:

@@ -24,10 +24,30 @@ def _round_up(x: int, m: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, lm: CausalLM, pool: KVPool) -> None:
+    def __init__(self, lm: CausalLM, pool: KVPool, cuda_graphs: bool = False,
+                 graph_max_len: int | None = None) -> None:
+        """cuda_graphs: capture decode steps (on CUDA); graph_max_len: the longest cache the
+        graphs serve (the compression bound; None: the pool's max_model_len)."""
         self.lm, self.pool, self.device = lm, pool, pool.device
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.graph_max_len = graph_max_len
         self.graphs = None  # a cuda_graph.DecodeGraphs when the decode step is captured
         self._pinned: torch.Tensor | None = None  # staging buffer of decode's step tensor
+        self.reset_graphs()
+
+    def reset_graphs(self) -> None:
+        """Fresh (empty, lazily captured) decode graphs. Graphs bake in the pool's and the
+        weights' addresses: call this after either changes."""
+        self.graphs = None
+        if self.cuda_graphs and self.pool.allocated:
+            from minisparse.engine.cuda_graph import DecodeGraphs  # it imports this module
+
+            max_len = self.graph_max_len or self.pool.max_model_len
+            self.graphs = DecodeGraphs(self.lm, self.pool, max_len)
+
+    def release_graphs(self) -> None:
+        """Drop the graphs (and their memory pool), before the KV pool is released."""
+        self.graphs = None
 
     def _tensor(self, values: list, dtype=torch.long) -> torch.Tensor:
         t = torch.tensor(values, dtype=dtype)

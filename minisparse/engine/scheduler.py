@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections import deque
 
-from minisparse.engine.block_manager import BlockManager
+from minisparse.engine.page_allocator import PageAllocator
 from minisparse.engine.sequence import Sequence, Status
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_prefill_tokens: int) -> None:
-        self.blocks = blocks
+    def __init__(self, allocator: PageAllocator, max_num_seqs: int,
+                 max_prefill_tokens: int) -> None:
+        self.allocator = allocator
         self.max_prefill_tokens = max_prefill_tokens
         self.free_slots = list(range(max_num_seqs - 1, -1, -1))
         self.waiting: deque[Sequence] = deque()
@@ -32,9 +33,9 @@ class Scheduler:
 
     def _grow(self, seq: Sequence, tokens: int) -> None:
         """Give seq enough pages for `tokens` cache entries (and a slot if it has none)."""
-        need = self.blocks.pages_for(tokens) - len(seq.pages)
+        need = self.allocator.pages_for(tokens) - len(seq.pages)
         if need > 0:
-            seq.pages += self.blocks.allocate(need)
+            seq.pages += self.allocator.allocate(need)
             self.dirty.append(seq)
         if seq.slot < 0:
             seq.slot = self.free_slots.pop()
@@ -43,7 +44,7 @@ class Scheduler:
         """Chunks (seq, n_tokens) to prefill this step, and sequences that cannot fit even
         in an otherwise empty pool (to be aborted; already removed from the queue)."""
         chunks, aborted, budget = [], [], self.max_prefill_tokens
-        ps = self.blocks.page_size
+        ps = self.allocator.page_size
         for seq in list(self.waiting):
             if budget == 0 or (seq.slot < 0 and not self.free_slots):
                 break
@@ -51,7 +52,7 @@ class Scheduler:
             # keep one free page per running sequence, so admitting does not force the
             # next decode step to preempt
             reserve = len(self.running) + len(chunks)
-            room = (len(seq.pages) + self.blocks.num_free - reserve) * ps - seq.cache_len
+            room = (len(seq.pages) + self.allocator.num_free - reserve) * ps - seq.cache_len
             if n > room:
                 if chunks or self.running:
                     break
@@ -75,19 +76,19 @@ class Scheduler:
     def schedule_decode(self) -> list[Sequence]:
         """Running sequences that get a cache slot for their next token, oldest first;
         preempts the newest ones when the pool is out of pages."""
-        ps, running = self.blocks.page_size, self.running
+        ps, running = self.allocator.page_size, self.running
         grow = [s for s in running if s.cache_len >= len(s.pages) * ps]  # needs a page
-        if sum(-(-(s.cache_len + 1) // ps) - len(s.pages) for s in grow) <= self.blocks.num_free:
+        if sum(-(-(s.cache_len + 1) // ps) - len(s.pages) for s in grow) <= self.allocator.num_free:
             for seq in grow:  # common case: no preemption; same allocation order as below
                 self._grow(seq, seq.cache_len + 1)
             return list(running)
         scheduled, queue = [], deque(running)
         while queue:
             seq = queue.popleft()
-            need = self.blocks.pages_for(seq.cache_len + 1) - len(seq.pages)
-            while need > self.blocks.num_free and queue:
+            need = self.allocator.pages_for(seq.cache_len + 1) - len(seq.pages)
+            while need > self.allocator.num_free and queue:
                 self.preempt(queue.pop())
-            if need > self.blocks.num_free:
+            if need > self.allocator.num_free:
                 self.preempt(seq)
                 continue
             self._grow(seq, seq.cache_len + 1)
@@ -105,11 +106,22 @@ class Scheduler:
 
     def free(self, seq: Sequence) -> None:
         """Return seq's pages and slot (finished, aborted or preempted)."""
-        self.blocks.release(seq.pages)
+        self.allocator.release(seq.pages)
         seq.pages = []
         if seq.slot >= 0:
             self.free_slots.append(seq.slot)
             seq.slot = -1
+
+    def compacted(self, seqs: list[Sequence], budget: int) -> None:
+        """Each of seqs now holds `budget` cache entries (compaction packed them first):
+        return the pages past them and count the eviction."""
+        keep = self.allocator.pages_for(budget)
+        for seq in seqs:
+            self.allocator.release(seq.pages[keep:])
+            seq.pages = seq.pages[:keep]
+            seq.evicted_tokens += seq.cache_len - budget
+            seq.cache_len, seq.since_compress = budget, 0
+            seq.num_compressions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason, seq.status = reason, Status.FINISHED

@@ -12,6 +12,8 @@ must guard their entry point with `if __name__ == "__main__":` (SGLang spawns wo
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import tempfile
 import time
@@ -21,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from minisparse.engine.config import EngineArgs, SamplingParams
+from minisparse.config import CompressConfig, EngineConfig
+from minisparse.engine.config import SamplingParams
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for
 from minisparse.engine.sequence import GenerateStats, SampleOutput
@@ -102,20 +105,40 @@ def parse_output(out: dict, prompt_index: int, sample_index: int,
                         [float(p[0]) for p in pairs], FINISH_REASONS.get(kind, "abort"))
 
 
+# Set by torchrun for the training process. SGLang's subprocesses inherit the environment;
+# with TORCHELASTIC_USE_AGENT_STORE set, their own init_process_group waits forever for a
+# torchrun agent store at SGLang's port (seen on an H200: train.py hung at engine start).
+LAUNCHER_ENV = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                "TORCHELASTIC_MAX_RESTARTS", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def launcher_env_hidden() -> Iterator[None]:
+    """Start SGLang's processes as if outside torchrun; the environment comes back after."""
+    saved = {k: os.environ.pop(k) for k in LAUNCHER_ENV if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 class SGLangBackend:
     """One sglang.Engine on this process's GPU, colocated with the trainer."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, args: EngineArgs, dtype: str,
+    def __init__(self, model: nn.Module, tokenizer: Any, cfg: EngineConfig,
+                 compress: CompressConfig | None, device: torch.device | str, dtype: str,
                  seed: int = 0, deterministic: bool = False, **overrides: Any) -> None:
         try:
             import sglang  # imported here: CPU installs (and CI) have no SGLang
         except ImportError as exc:
             raise ImportError("engine.backend=sglang needs SGLang 0.5.16 (requirements-gpu.txt:"
                               " MINISPARSE_GPU=1 bash install.sh)") from exc
-        if args.compression_on:
+        if compress is not None and compress.algorithm != "none":
             raise ValueError("the SGLang backend is dense only: SGLang cannot free evicted "
                              "tokens; use the native engine for compressed rollouts")
-        device = torch.device(args.device)
+        device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"the SGLang backend needs a CUDA device, got {device}")
         self.dtype = getattr(torch, dtype)
@@ -123,10 +146,11 @@ class SGLangBackend:
         self.last_stats = GenerateStats()
         self.awake = True
         self.bucket_bytes = BUCKET_BYTES
-        kwargs = self.engine_kwargs(model, args, dtype, seed, device, deterministic)
-        self.engine = sglang.Engine(**kwargs | overrides)
+        kwargs = self.engine_kwargs(model, cfg, dtype, seed, device, deterministic)
+        with launcher_env_hidden():
+            self.engine = sglang.Engine(**kwargs | overrides)
 
-    def engine_kwargs(self, model: nn.Module, args: EngineArgs, dtype: str, seed: int,
+    def engine_kwargs(self, model: nn.Module, cfg: EngineConfig, dtype: str, seed: int,
                       device: torch.device, deterministic: bool) -> dict:
         """sglang.Engine arguments from our engine settings (see docs/engine.md)."""
         gpu = device.index if device.index is not None else torch.cuda.current_device()
@@ -137,13 +161,13 @@ class SGLangBackend:
             load_format="dummy", dtype=dtype, base_gpu_id=gpu, tp_size=1,
             port=30000 + 17 * gpu, random_seed=seed, enable_memory_saver=True,
             attention_backend=attention_backend(model.config), sampling_backend="pytorch", grammar_backend="none",
-            mem_fraction_static=memory_fraction(args.kv_memory_fraction, weight_bytes, free),
-            max_running_requests=args.max_num_seqs,
-            max_prefill_tokens=args.max_prefill_tokens,
-            disable_cuda_graph=not args.cuda_graphs,
+            mem_fraction_static=memory_fraction(cfg.kv_memory_fraction, weight_bytes, free),
+            max_running_requests=cfg.max_num_seqs,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            disable_cuda_graph=not cfg.cuda_graphs,
             enable_deterministic_inference=deterministic, log_level="error")
-        if args.kv_memory_gb > 0:
-            kwargs["max_total_tokens"] = int(args.kv_memory_gb * 2**30 // kv_bytes_per_token(
+        if cfg.kv_memory_gb > 0:
+            kwargs["max_total_tokens"] = int(cfg.kv_memory_gb * 2**30 // kv_bytes_per_token(
                 model.config, self.dtype))
         return kwargs
 

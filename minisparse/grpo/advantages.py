@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from minisparse.grpo.metric import Sum
+
 
 def group_advantages(
     rewards: torch.Tensor, group_size: int, normalize_std: bool = True, eps: float = 1e-6
@@ -33,7 +35,7 @@ def group_advantages(
         "advantage/abs_mean": adv.abs().mean().item(),
         "advantage/max": adv.max().item(),
         "advantage/min": adv.min().item(),
-        "advantage/zero_signal_groups": float(zero_signal.sum().item()),
+        "advantage/zero_signal_groups": Sum(zero_signal.sum().item()),
         "advantage/zero_signal_frac": zero_signal.float().mean().item(),
     }
     return adv, stats

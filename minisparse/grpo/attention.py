@@ -23,8 +23,9 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from minisparse.config import Attention, choices
+
 NAME = "minisparse_varlen"
-ATTENTION_CHOICES = ("varlen", "sdpa")
 
 
 def packing_kwargs(lengths: list[int], device: torch.device) -> dict:
@@ -114,10 +115,10 @@ def varlen_attention_forward(
     return out[None], None
 
 
-def use_attention(model: torch.nn.Module, kind: str) -> None:
+def use_attention(model: torch.nn.Module, kind: Attention) -> None:
     """Switch an HF model's attention: "varlen" (this module) or "sdpa" (transformers')."""
-    if kind not in ATTENTION_CHOICES:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {kind!r}")
+    if kind not in choices(Attention):
+        raise ValueError(f"attention must be one of {', '.join(choices(Attention))}, got {kind!r}")
     name = NAME if kind == "varlen" else "sdpa"
     if kind == "varlen":
         from transformers import AttentionInterface

@@ -28,6 +28,7 @@ import torch
 
 from minisparse.config import LossConfig
 from minisparse.grpo.distributed import all_reduce
+from minisparse.grpo.metric import Max, Sum
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -111,7 +112,7 @@ def compute_corrections(
     n_tokens = mask.sum().clamp(min=1)
     metrics = {
         "tis/raw_mean": (raw.sum() / n_tokens).item(),
-        "tis/raw_max": raw[mask].max().item() if mask.any() else 0.0,
+        "tis/raw_max": Max(raw[mask].max().item() if mask.any() else 0.0),
         "tis/raw_min": raw[mask].min().item() if mask.any() else 0.0,
     }
     if cfg.use_tis:
@@ -125,8 +126,7 @@ def compute_corrections(
     metrics["tis/bounded_mean"] = (weights.sum() / n_tokens).item()
 
     if cfg.use_rs:
-        lower = cfg.tis_lower if cfg.rs_lower is None else cfg.rs_lower
-        upper = cfg.tis_upper if cfg.rs_upper is None else cfg.rs_upper
+        lower, upper = cfg.rs_bounds()
         keep, rejected, vetoed = rejection(
             delta, mask, cfg.tis_level, lower, upper, cfg.rs_veto_threshold
         )
@@ -139,10 +139,10 @@ def compute_corrections(
     metrics.update(
         {
             "tis/final_mean": (weights.sum() / keep.sum().clamp(min=1)).item(),
-            "tis/final_max": weights.max().item() if weights.numel() else 0.0,
+            "tis/final_max": Max(weights.max().item() if weights.numel() else 0.0),
             "rs/rejected_token_frac": rejected.sum().item() / n_tokens.item(),
             "rs/kept_token_frac": keep.sum().item() / n_tokens.item(),
-            "rs/vetoed_seqs": float(vetoed.sum().item()),
+            "rs/vetoed_seqs": Sum(vetoed.sum().item()),
             "rs/vetoed_frac": vetoed.float().mean().item() if vetoed.numel() else 0.0,
         }
     )

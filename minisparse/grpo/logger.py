@@ -13,15 +13,7 @@ from typing import Any
 import torch
 
 from minisparse.grpo.distributed import all_reduce, world_size
-
-# Counts add up over ranks; every other metric is averaged over ranks.
-SUM_KEYS = ("advantage/zero_signal_groups", "rs/vetoed_seqs", "train/nonfinite_steps")
-MAX_KEYS = (
-    "rollout/response_len_max",
-    "compress/peak_cache_tokens_max",
-    "tis/raw_max",
-    "tis/final_max",
-)
+from minisparse.grpo.metric import Max, Sum
 SUMMARY = (
     ("reward", "rollout/reward_mean"),
     ("acc", "rollout/accuracy"),
@@ -35,21 +27,22 @@ SUMMARY = (
 
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """Metrics over all ranks: sums for counts, max for maxima, mean otherwise.
-    Every rank must call it with the same keys (they run the same code path)."""
+    """Metrics over all ranks: Sum values added, Max values maximised, others averaged
+    (see grpo/metric.py). Every rank must call it with the same keys (they run the same
+    code path)."""
     if world_size() == 1:
         return dict(metrics)
     keys = sorted(metrics)
     values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
-    is_max = torch.tensor([k in MAX_KEYS for k in keys])
+    is_max = torch.tensor([isinstance(metrics[k], Max) for k in keys])
     summed = all_reduce(torch.where(is_max, 0.0, values))
     maxed = all_reduce(torch.where(is_max, values, -math.inf), op="max")
     out = {}
     for i, k in enumerate(keys):
-        if k in MAX_KEYS:
+        if isinstance(metrics[k], Max):
             out[k] = maxed[i].item()
         else:
-            out[k] = summed[i].item() / (1 if k in SUM_KEYS else world_size())
+            out[k] = summed[i].item() / (1 if isinstance(metrics[k], Sum) else world_size())
     return {k: out[k] for k in metrics}  # the callers' (phase) order
 
 

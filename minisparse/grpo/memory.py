@@ -16,6 +16,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from minisparse.grpo.metric import Max
 from minisparse.grpo.optim import TrainingStateOffload
 
 GIB = 1024**3
@@ -39,7 +40,8 @@ def phase(name: str, metrics: dict[str, float], device: torch.device) -> Iterato
     _sync(device)
     metrics[f"time/{name}_s"] = time.perf_counter() - start
     if device.type == "cuda":
-        metrics[f"mem/{name}_peak_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+        # the largest rank's peak: what a phase needs is what the fullest GPU holds
+        metrics[f"mem/{name}_peak_gib"] = Max(torch.cuda.max_memory_allocated(device) / GIB)
         metrics[f"mem/{name}_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
         metrics[f"mem/{name}_end_gib"] = torch.cuda.memory_allocated(device) / GIB
     else:  # process-wide high-water mark (Linux reports KiB); not per phase

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from minisparse.config import Config
+from minisparse.engine.config import SamplingParams
+from minisparse.grpo.metric import Max
 
 
 @dataclass
@@ -41,17 +43,9 @@ class RolloutBatch:
         return self.response_mask.shape[1]
 
 
-def sampling_params(cfg: Config, seed: int):
-    from minisparse.engine import SamplingParams
-
-    return SamplingParams(
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        top_k=cfg.top_k,
-        max_new_tokens=cfg.max_response_len,
-        n=cfg.n_samples_per_prompt,
-        seed=seed,
-    )
+def sampling_params(cfg: Config, seed: int) -> SamplingParams:
+    """n_samples_per_prompt responses of up to max_response_len tokens per prompt."""
+    return SamplingParams.from_config(cfg, cfg.n_samples_per_prompt, cfg.max_response_len, seed)
 
 
 def build_batch(outputs: list, labels: list[str]) -> RolloutBatch:
@@ -87,13 +81,13 @@ def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dic
         "rollout/reward_mean": batch.rewards.mean().item(),
         "rollout/accuracy": (batch.rewards > 0.5).float().mean().item(),
         "rollout/response_len_mean": _mean(lengths),
-        "rollout/response_len_max": float(max(lengths, default=0)),
+        "rollout/response_len_max": Max(max(lengths, default=0)),
         "rollout/truncated_frac": _mean([float(f == "length") for f in batch.finish_reasons]),
         "rollout/aborted_frac": _mean([float(f == "abort") for f in batch.finish_reasons]),
         "compress/compressions_per_sample": _mean(batch.num_compressions),
         "compress/evicted_tokens_per_sample": _mean(batch.evicted_tokens),
         "compress/peak_cache_tokens_mean": _mean(batch.peak_cache_tokens),
-        "compress/peak_cache_tokens_max": float(max(batch.peak_cache_tokens, default=0)),
+        "compress/peak_cache_tokens_max": Max(max(batch.peak_cache_tokens, default=0)),
     }
     for key, value in (grade_stats or {}).items():
         if isinstance(value, (int, float)):

@@ -92,8 +92,7 @@ def test_newline_explicit_max_buffer():
     assert max_cache_tokens(cfg) == 110
 
 
-@pytest.mark.parametrize("cfg", [CompressConfig(algorithm="none"),
-                                 CompressConfig(algorithm="rkv", divide_method="none")])
+@pytest.mark.parametrize("cfg", [CompressConfig(algorithm="none")])
 def test_never(cfg):
     cache = torch.tensor([10_000, 600])
     due = compress_due(cache, cache, torch.tensor([True, True]), cfg)
@@ -102,6 +101,7 @@ def test_never(cfg):
 
 @pytest.mark.parametrize("cfg,name", [
     (CompressConfig(algorithm="rkv", divide_method="paragraph"), "divide_method"),
+    (CompressConfig(algorithm="rkv", divide_method="none"), "divide_method"),  # as the config
     (CompressConfig(algorithm="rkv", divide_length=0), "divide_length"),
     (CompressConfig(algorithm="rkv", divide_method="newline", max_buffer=0), "max_buffer"),
 ])

@@ -8,8 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 import minisparse.engine.engine as engine_mod
 import minisparse.engine.models as models_mod
-from minisparse.config import CompressConfig
-from minisparse.engine import EngineArgs, LLMEngine
+from minisparse.config import CompressConfig, EngineConfig
+from minisparse.engine import LLMEngine
 
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
@@ -44,8 +44,7 @@ def build(arch: str, dtype=torch.float32, device="cpu") -> torch.nn.Module:
 def make_engine(model, compress: CompressConfig | None = None, **kw) -> LLMEngine:
     kw.setdefault("kv_cpu_memory_gb", 0.02)
     kw.setdefault("max_num_seqs", 16)
-    args = EngineArgs(compress=compress or CompressConfig(), device=model.device, **kw)
-    return LLMEngine(model, Tok(), args)
+    return LLMEngine(model, Tok(), EngineConfig(**kw), compress, model.device)
 
 
 def prompts(n: int, lo: int = 3, hi: int = 40, seed: int = 0) -> list[list[int]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import pickle
+import os
 import random
 import sys
 import types
@@ -66,6 +67,7 @@ class Engine:
 
     def __init__(self, **kwargs):
         self.kwargs, self.calls, self.weights = kwargs, [], {}
+        self.environ = dict(os.environ)  # what the real one's subprocesses would inherit
         Engine.instances.append(self)
 
     def generate(self, input_ids=None, sampling_params=None, return_logprob=False, **kw):

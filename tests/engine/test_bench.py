@@ -25,3 +25,10 @@ def test_bench_writes_median_of_repeats(tmp_path, tiny_path):
     assert saved["tokens_per_s"] == median_run(saved["runs"])["tokens_per_s"]
     assert saved["peak_kv_tokens_per_seq"] <= 16 + 4
     assert saved["compressions"] > 0 and result["preemptions"] == 0
+
+
+def test_old_flag_spellings_stay_aliases():
+    new = parse_args(["--max-new-tokens", "7", "--kv-memory-fraction", "0.3"])
+    old = parse_args(["--max-new", "7", "--kv-fraction", "0.3"])
+    assert vars(new) == vars(old)
+    assert (new.max_new_tokens, new.kv_memory_fraction) == (7, 0.3)

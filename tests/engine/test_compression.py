@@ -36,7 +36,7 @@ def test_decode_attention_equals_reference_over_kept_tokens(tracked):
         assert o.peak_cache_tokens <= max(bound, len(p))
         assert (o.num_compressions, o.evicted_tokens) == simulate(len(p), 40)
     assert stats.evicted_tokens == sum(o.evicted_tokens for o in outs)
-    assert engine.blocks.num_free == engine.pool.num_pages
+    assert engine.allocator.num_free == engine.pool.num_pages
 
 
 def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
@@ -45,16 +45,16 @@ def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
     real = engine.runner.decode
 
     def decode(seqs, sp):
-        blocks_seen.append(engine.blocks.num_used)
+        blocks_seen.append(engine.allocator.num_used)
         assert all(s.cache_len < max_cache_tokens(CFG) for s in seqs)
         return real(seqs, sp)
     engine.runner.decode = decode
     n, steps = 3, 1000
     outs = engine.generate(prompts(n, lo=5, hi=20), SamplingParams(max_new_tokens=steps,
                                                                   ignore_eos=True, seed=0))
-    per_seq = engine.blocks.pages_for(max_cache_tokens(CFG))
+    per_seq = engine.allocator.pages_for(max_cache_tokens(CFG))
     assert max(blocks_seen) <= n * per_seq
-    assert engine.blocks.num_free == engine.pool.num_pages
+    assert engine.allocator.num_free == engine.pool.num_pages
     for o in outs:
         assert len(o.token_ids) == steps
         assert (o.num_compressions, o.evicted_tokens) == simulate(len(o.prompt_token_ids), steps)
@@ -86,7 +86,8 @@ def test_newline_trigger_fires_on_generated_newlines():
 
     from engine_helpers import SHAPE
     from minisparse.compression import newline_token_ids
-    from minisparse.engine import EngineArgs, LLMEngine
+    from minisparse.config import EngineConfig
+    from minisparse.engine import LLMEngine
     from minisparse.tiny import build_tokenizer
 
     tok = build_tokenizer(vocab_size=512)
@@ -94,8 +95,8 @@ def test_newline_trigger_fires_on_generated_newlines():
     model = Qwen2ForCausalLM(Qwen2Config(**(SHAPE | dict(vocab_size=len(tok))))).eval()
     cfg = CompressConfig(algorithm="snapkv", budget=16, window=4, divide_method="newline",
                          divide_length=4, kernel_size=3)  # hard cap: budget + 16
-    engine = LLMEngine(model, tok, EngineArgs(compress=cfg, page_size=4, kv_cpu_memory_gb=0.02,
-                                              max_num_seqs=8))
+    engine = LLMEngine(model, tok, EngineConfig(page_size=4, kv_cpu_memory_gb=0.02,
+                                                max_num_seqs=8), cfg)
     assert engine.newline_ids == set(newline_token_ids(tok))
     newline = engine.newline_ids = set(range(0, len(tok), 8))  # frequent "newlines"
     params = SamplingParams(temperature=1.5, max_new_tokens=80, seed=4, ignore_eos=True)

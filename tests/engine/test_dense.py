@@ -23,7 +23,7 @@ def test_greedy_matches_hf_generate(model):
         ref = dense_logprobs(model, p, o.token_ids)
         torch.testing.assert_close(torch.tensor(o.logprobs), ref, atol=1e-4, rtol=0)
     assert engine.last_stats.generated_tokens == 5 * 24
-    assert engine.blocks.num_free == engine.pool.num_pages
+    assert engine.allocator.num_free == engine.pool.num_pages
 
 
 def test_chunked_prefill_and_small_pages_give_same_tokens(qwen2):
@@ -89,16 +89,17 @@ def test_sleep_wake_and_update_weights(qwen2):
     assert [o.token_ids for o in after] != [o.token_ids for o in before]
 
 
-def test_engine_args_from_config_and_backend_protocol(qwen2):
+def test_engine_from_config_sections_and_backend_protocol(qwen2):
     from minisparse.config import Config
-    from minisparse.engine import EngineArgs, LLMEngine, RolloutBackend
+    from minisparse.engine import LLMEngine, RolloutBackend, make_backend
 
     cfg = Config()
     cfg.engine.page_size, cfg.engine.max_num_seqs, cfg.engine.kv_cpu_memory_gb = 8, 4, 0.01
     cfg.compress.algorithm = "snapkv"
-    args = EngineArgs.from_config(cfg, "cpu")
-    assert (args.page_size, args.max_num_seqs, args.compress.algorithm) == (8, 4, "snapkv")
-    engine = LLMEngine(qwen2, None, args)
+    engine = make_backend(cfg, qwen2, None, "cpu")
+    args = engine.cfg
+    assert (args.page_size, args.max_num_seqs, engine.compress.algorithm) == (8, 4, "snapkv")
+    assert type(engine) is LLMEngine
     assert isinstance(engine, RolloutBackend)
     expected = int(0.01 * 2**30 * cfg.engine.kv_memory_fraction) // engine.pool.bytes_per_page()
     assert engine.pool.num_pages == expected - 1  # one scratch page

@@ -76,7 +76,7 @@ def test_greedy_and_logprobs_match_transformers(gpu_model):
     for p, o in zip(ps, outs):
         assert len(o.token_ids) == 48
         check_against_forward(gpu_model, p, o, greedy=True)
-    assert engine.blocks.num_free == engine.pool.num_pages
+    assert engine.allocator.num_free == engine.pool.num_pages
 
 
 def test_sampling_reproduces_and_logprobs_are_untruncated(gpu_model):
@@ -98,13 +98,13 @@ def test_preemption_completes_every_sample(gpu_model):
     ps = vocab_prompts(gpu_model, 8, 20, 60)
     engine = make_engine(gpu_model, kv_memory_gb=1.0, page_size=16)
     pages = 24
-    engine.args.kv_memory_gb = (pages + 1) * engine.pool.bytes_per_page() / 2**30
+    engine.cfg.kv_memory_gb = (pages + 1) * engine.pool.bytes_per_page() / 2**30
     engine.sleep()
     engine.wake()
     assert engine.pool.num_pages == pages
     outs = engine.generate(ps, SamplingParams(temperature=0, max_new_tokens=64, ignore_eos=True))
     assert engine.last_stats.preemptions > 0
-    assert engine.blocks.num_free == pages
+    assert engine.allocator.num_free == pages
     for p, o in zip(ps, outs):
         assert o.finish_reason == "length" and len(o.token_ids) == 64
         check_against_forward(gpu_model, p, o, greedy=True)
@@ -121,7 +121,7 @@ def test_compressed_attention_matches_kept_tokens(gpu_model, algorithm, monkeypa
     assert tr.max_err < 3e-2, tr.max_err
     for p, o in zip(ps, outs):
         assert o.peak_cache_tokens <= max(max_cache_tokens(cfg), len(p))
-    assert engine.blocks.num_free == engine.pool.num_pages
+    assert engine.allocator.num_free == engine.pool.num_pages
 
 
 def test_cuda_graphs_match_eager(gpu_model):

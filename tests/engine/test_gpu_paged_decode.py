@@ -48,11 +48,7 @@ def test_full_batch_vs_reference(mean):
 
 @pytest.mark.parametrize("mean", [640, 4096])
 def test_print_timing_vs_gather_sdpa(mean):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    from bench_paged_decode import bench_one
+    from minisparse.engine.bench_decode import bench_one
 
     class Args:
         q_heads, kv_heads, head_dim, page_size, dtype, rep = 16, 2, 128, 16, "bf16", 100

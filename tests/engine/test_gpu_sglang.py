@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from engine_helpers import dense_logprobs, prompts
-from minisparse.engine import EngineArgs, SamplingParams
+from minisparse.config import EngineConfig
+from minisparse.engine import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 pytest.importorskip("sglang")
@@ -24,8 +25,8 @@ def setup():
     from minisparse.engine.sglang_backend import SGLangBackend
 
     model = three_b_4_layers()
-    backend = SGLangBackend(model, None, EngineArgs(device="cuda:0", kv_memory_fraction=0.3,
-                                                    max_num_seqs=64), "bfloat16", seed=0)
+    backend = SGLangBackend(model, None, EngineConfig(kv_memory_fraction=0.3, max_num_seqs=64),
+                            None, "cuda:0", "bfloat16", seed=0)
     backend.update_weights(model)
     yield model, backend
     backend.shutdown()

@@ -25,7 +25,7 @@ def test_small_pool_preempts_and_matches_roomy_pool(model):
     outs = engine.generate(ps, params)
     assert engine.last_stats.preemptions > 0
     assert engine.last_stats.peak_pages_used <= 24
-    assert engine.blocks.num_free == 24
+    assert engine.allocator.num_free == 24
     for a, b in zip(outs, roomy):
         assert a.finish_reason == "length" and a.token_ids == b.token_ids
         torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
@@ -49,7 +49,7 @@ def test_compressed_sequences_complete_in_a_small_pool(qwen2):
     stats = engine.last_stats
     assert stats.preemptions > 0 and stats.compressions > 0
     assert all(o.finish_reason == "length" and len(o.token_ids) == 80 for o in outs)
-    assert engine.blocks.num_free == 16
+    assert engine.allocator.num_free == 16
 
 
 def test_sequence_larger_than_pool_aborts_alone(qwen2):
@@ -58,4 +58,4 @@ def test_sequence_larger_than_pool_aborts_alone(qwen2):
                                                                ignore_eos=True))
     assert [o.finish_reason for o in outs] == ["abort", "abort"]
     assert len(outs[0].token_ids) == 16 + 1 - 10 and outs[1].token_ids == []
-    assert engine.blocks.num_free == 4
+    assert engine.allocator.num_free == 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,8 +14,10 @@ import torch
 from transformers import AutoConfig
 
 import fake_sglang
-from minisparse.config import ConfigError, load_config
-from minisparse.engine import EngineArgs, LLMEngine, RolloutBackend, SamplingParams, make_backend
+from minisparse.config import ConfigError
+from minisparse.config_load import load_config
+from minisparse.config import EngineConfig
+from minisparse.engine import LLMEngine, RolloutBackend, SamplingParams, make_backend
 from minisparse.engine import bench
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for
@@ -41,7 +44,7 @@ def fake(monkeypatch):
 
 def _backend(tiny, **kw) -> SGLangBackend:
     model, tok = tiny
-    return SGLangBackend(model, tok, EngineArgs(device="cuda:1", **kw), "float32", seed=5)
+    return SGLangBackend(model, tok, EngineConfig(**kw), None, "cuda:1", "float32", seed=5)
 
 
 # ---- config and factory -------------------------------------------------------------------
@@ -77,6 +80,17 @@ def test_make_backend_sglang_starts_on_dummy_weights_then_pushes_the_policy(tiny
     engine = fake.instances[0]
     assert engine.kwargs["load_format"] == "dummy" and engine.kwargs["random_seed"] == 11
     assert set(engine.weights) == {n for n, _ in model.named_parameters()}
+
+
+def test_engine_starts_without_the_torchrun_environment_which_comes_back_after(tiny, fake,
+                                                                              monkeypatch):
+    launcher = {"TORCHELASTIC_USE_AGENT_STORE": "True", "RANK": "0", "WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for k, v in launcher.items():
+        monkeypatch.setenv(k, v)
+    _backend(tiny)
+    assert not set(launcher) & set(fake.instances[0].environ)
+    assert {k: os.environ[k] for k in launcher} == launcher
 
 
 # ---- engine arguments -----------------------------------------------------------------------
@@ -123,9 +137,9 @@ def test_dense_only_and_cuda_only(tiny, fake):
     model, tok = tiny
     compress = load_config("tiny_rkv").compress
     with pytest.raises(ValueError, match="dense only"):
-        SGLangBackend(model, tok, EngineArgs(device="cuda:0", compress=compress), "float32")
+        SGLangBackend(model, tok, EngineConfig(), compress, "cuda:0", "float32")
     with pytest.raises(ValueError, match="CUDA"):
-        SGLangBackend(model, tok, EngineArgs(device="cpu"), "float32")
+        SGLangBackend(model, tok, EngineConfig(), None, "cpu", "float32")
 
 
 # ---- requests and outputs -------------------------------------------------------------------

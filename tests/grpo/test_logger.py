@@ -49,3 +49,15 @@ def test_single_process_reduce_keeps_values_and_order():
 def test_summary_line():
     line = summary_line(3, {"rollout/reward_mean": 0.5, "train/kl": 0.001, "time/update_s": 1.25})
     assert line == "rollout 3 | reward 0.5 | kl 0.001 | time update=1.2s"
+
+
+def test_reduce_over_ranks_follows_the_value_type(monkeypatch):
+    """Two ranks with equal values: Sum doubles, Max and plain floats keep the value."""
+    import minisparse.grpo.logger as logger
+    from minisparse.grpo.metric import Max, Sum
+
+    monkeypatch.setattr(logger, "world_size", lambda: 2)
+    monkeypatch.setattr(logger, "all_reduce",
+                        lambda t, op="sum": t.clone() if op == "max" else 2 * t)
+    m = {"x/count": Sum(3), "x/peak": Max(7.5), "x/mean": 0.25}
+    assert reduce_metrics(m) == {"x/count": 6.0, "x/peak": 7.5, "x/mean": 0.25}

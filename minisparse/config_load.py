@@ -1,0 +1,287 @@
+"""Loading a Config: a YAML file, then KEY=VALUE overrides, then validation (types,
+choices, ranges and cross-key rules), so a bad key fails before any model is touched."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from minisparse.config import Config, ConfigError, Rule
+
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key, sections included, for 'did you mean' suggestions."""
+    keys = []
+    for name, hint in _hints(cls).items():
+        keys.append(prefix + name)
+        if dataclasses.is_dataclass(hint):
+            keys.extend(_all_keys(hint, prefix + name + "."))
+    return keys
+
+
+def _leaf_hints(cls: type = Config, prefix: str = "") -> dict[str, Any]:
+    """Dotted leaf key -> its annotation, Annotated range rules kept."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls, include_extras=True).items():
+        if dataclasses.is_dataclass(hint):
+            out.update(_leaf_hints(hint, prefix + name + "."))
+        else:
+            out[prefix + name] = _split_optional(hint)[0]
+    return out
+
+
+def choice_keys() -> dict[str, tuple[str, ...]]:
+    """Dotted key -> allowed values, for every key typed with a Literal."""
+    return {k: typing.get_args(h) for k, h in _leaf_hints().items() if _is_choice(h)}
+
+
+def range_rules() -> dict[str, Rule]:
+    """Dotted key -> range Rule, for every number key whose type carries one."""
+    rules = {}
+    for key, hint in _leaf_hints().items():
+        for meta in getattr(hint, "__metadata__", ()):
+            if isinstance(meta, Rule):
+                rules[key] = meta
+    return rules
+
+
+def _unknown(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _split_optional(hint: Any) -> tuple[Any, bool]:
+    """(inner type, None allowed) for `X | None`."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0], True
+    return hint, False
+
+
+def _is_choice(hint: Any) -> bool:
+    return typing.get_origin(hint) is typing.Literal
+
+
+def _type_name(hint: Any) -> str:
+    inner, optional = _split_optional(hint)
+    name = "str" if _is_choice(inner) else getattr(inner, "__name__", str(inner))
+    if typing.get_origin(inner) is list:
+        name = "list of " + typing.get_args(inner)[0].__name__
+    return name + (" or null" if optional else "")
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Check one leaf value against its annotation; ints are fine where floats are."""
+    inner, optional = _split_optional(hint)
+    if value is None and optional:
+        return None
+    if typing.get_origin(inner) is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+    elif inner is bool:
+        if isinstance(value, bool):
+            return value
+    elif inner is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif inner is float:
+        if isinstance(value, str):  # PyYAML reads "1e-6" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value):
+            return float(value)
+    elif inner is str or _is_choice(inner):  # choices are checked by validate_config
+        if isinstance(value, str):
+            return value
+    raise ConfigError(
+        f"config key '{key}' expects {_type_name(hint)}, got {value!r} ({type(value).__name__})"
+    )
+
+
+def _build(cls: type, raw: Any, prefix: str = "") -> Any:
+    """Dataclass from a nested mapping; missing keys keep their defaults."""
+    if not isinstance(raw, dict):
+        where = f"section '{prefix[:-1]}'" if prefix else "the config file"
+        raise ConfigError(f"{where} must be a mapping, got {type(raw).__name__}")
+    hints = _hints(cls)
+    kwargs = {}
+    for name, value in raw.items():
+        key = prefix + str(name)
+        if name not in hints:
+            raise _unknown(key)
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, {} if value is None else value, key + ".")
+        else:
+            kwargs[name] = _coerce(key, value, hint)
+    return cls(**kwargs)
+
+
+def _leaf_hint(key: str) -> Any:
+    """Annotation of a dotted leaf key; ConfigError for unknown keys and bare sections."""
+    cls: Any = Config
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        hints = _hints(cls) if dataclasses.is_dataclass(cls) else {}
+        if part not in hints:
+            raise _unknown(key)
+        cls = hints[part]
+        if dataclasses.is_dataclass(cls) and i == len(parts) - 1:
+            raise ConfigError(f"config key '{key}' is a section; set its keys ('{key}.x=...')")
+    return cls
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    """`a.b=value` -> (key, value); str-typed keys keep the raw text ('yes' stays 'yes')."""
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' must look like KEY=VALUE")
+    key, text = (s.strip() for s in item.split("=", 1))
+    hint = _leaf_hint(key)
+    inner, optional = _split_optional(hint)
+    if (inner is str or _is_choice(inner)) and not (optional and text in ("null", "None", "~")):
+        return key, text
+    try:
+        return key, yaml.safe_load(text) if text else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config key '{key}': cannot parse value {text!r}: {exc}") from None
+
+
+def _apply_overrides(raw: dict, overrides: Sequence[str]) -> None:
+    for item in overrides:
+        key, value = _parse_override(item)
+        *sections, leaf = key.split(".")
+        node = raw
+        for section in sections:
+            child = node.get(section)
+            if not isinstance(child, dict):
+                child = node[section] = {}
+            node = child
+        node[leaf] = value
+
+
+def resolve_config_path(name: str) -> Path:
+    """An existing path as is, else configs/NAME[.yaml] relative to the repo root."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    candidate = CONFIGS_DIR / (name if name.endswith((".yaml", ".yml")) else name + ".yaml")
+    if candidate.is_file():
+        return candidate
+    available = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+    raise ConfigError(
+        f"config '{name}' not found (neither a file nor {candidate}); "
+        f"available configs: {', '.join(available) or '(none)'}"
+    )
+
+
+def load_config(name_or_path: str | None = None, overrides: Sequence[str] = ()) -> Config:
+    """YAML file (or defaults for None), then KEY=VALUE overrides, then validation."""
+    raw: dict = {}
+    if name_or_path is not None:
+        path = resolve_config_path(name_or_path)
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config {path} must be a mapping at the top level")
+    _apply_overrides(raw, overrides)
+    cfg = _build(Config, raw)
+    validate_config(cfg)
+    return cfg
+
+
+def _get(cfg: Config, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _check_ranges(cfg: Config) -> None:
+    for key, rule in range_rules().items():
+        value = _get(cfg, key)
+        if value is not None and not rule.ok(value):
+            raise ConfigError(f"config key '{key}' must be {rule.text}, got {value}")
+
+
+def _check_bounds(lower_key: str, upper_key: str, lower: float, upper: float) -> None:
+    if lower > upper:
+        raise ConfigError(
+            f"config key '{lower_key}' ({lower}) must be <= '{upper_key}' ({upper})"
+        )
+
+
+def _check_relations(cfg: Config) -> None:
+    c, loss = cfg.compress, cfg.loss
+    if cfg.engine.backend == "sglang" and c.algorithm != "none":
+        raise ConfigError(
+            f"config key 'engine.backend' is sglang but 'compress.algorithm' is "
+            f"{c.algorithm!r}: SGLang cannot free evicted tokens from its KV cache, so "
+            f"compressed rollouts need engine.backend=native (sglang is dense only)"
+        )
+    if c.algorithm != "none" and c.budget <= c.window:
+        raise ConfigError(
+            f"config key 'compress.budget' ({c.budget}) must be > 'compress.window' "
+            f"({c.window}) when compression is on"
+        )
+    if c.max_buffer is not None and c.max_buffer < c.divide_length:
+        raise ConfigError(
+            f"config key 'compress.max_buffer' ({c.max_buffer}) must be >= "
+            f"'compress.divide_length' ({c.divide_length})"
+        )
+    _check_bounds("loss.tis_lower", "loss.tis_upper", loss.tis_lower, loss.tis_upper)
+    _check_bounds("loss.rs_lower", "loss.rs_upper", *loss.rs_bounds())
+    _check_bounds("optim.min_lr", "optim.lr", cfg.optim.min_lr, cfg.optim.lr)
+    rollout = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    update = cfg.global_batch_size * cfg.num_steps_per_rollout
+    if rollout != update:
+        raise ConfigError(
+            f"rollout_batch_size * n_samples_per_prompt ({cfg.rollout_batch_size} * "
+            f"{cfg.n_samples_per_prompt} = {rollout}) must equal global_batch_size * "
+            f"num_steps_per_rollout ({cfg.global_batch_size} * {cfg.num_steps_per_rollout} "
+            f"= {update})"
+        )
+
+
+ENUMS = choice_keys()  # the old name of this table
+
+
+def validate_config(cfg: Config) -> None:
+    """Enums, ranges and cross-key rules; cheap, so train.py fails before loading a model."""
+    for key, allowed in choice_keys().items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(
+                f"config key '{key}' must be one of {', '.join(allowed)}; got {value!r}"
+            )
+    _check_ranges(cfg)
+    _check_relations(cfg)
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: Config) -> str:
+    """YAML that load_config reads back to an equal Config (saved next to checkpoints)."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
