@@ -41,6 +41,7 @@ from minisparse.engine import RolloutBackend, make_backend
 from minisparse.evaluation import Shard, check_prompt_template, evaluate, flat_metrics
 from minisparse.grpo import distributed as dist
 from minisparse.grpo.advantages import group_advantages
+from minisparse.grpo.attention import use_attention
 from minisparse.grpo.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -48,6 +49,7 @@ from minisparse.grpo.checkpoint import (
     save_checkpoint,
 )
 from minisparse.grpo.corrections import compute_corrections
+from minisparse.grpo.flops import FlopShape, batch_forward_flops, flop_shape, mfu_metrics, peak_flops
 from minisparse.grpo.logger import MetricsLogger, reduce_metrics, summary_line
 from minisparse.grpo.logprobs import batch_logprobs
 from minisparse.grpo.memory import (
@@ -86,6 +88,8 @@ class Run:
     rows: list[PromptRow]
     sampler: PromptSampler
     logger: MetricsLogger
+    flops: FlopShape | None = None  # the policy's FLOP counts, for perf/*_mfu
+    peak: float | None = None  # peak FLOP/s per GPU (None: MFU not logged)
     eval_problems: dict | None = None  # benchmark name -> problems, read at setup
     start_rollout: int = 0  # rollouts already done (from a checkpoint)
     nonfinite_steps: int = 0
@@ -133,6 +137,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     policy, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     if eval_problems is not None:
         check_prompt_template(tokenizer, cfg.eval.prompt_template)
+    use_attention(policy, cfg.model.attention)  # the reference copy inherits it
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     ref_model = None
@@ -178,6 +183,8 @@ def setup(cfg: Config, resume_required: bool) -> Run:
         rows=rows,
         sampler=sampler,
         logger=logger,
+        flops=flop_shape(policy),
+        peak=peak_flops(cfg.log.peak_tflops, device),
         eval_problems=eval_problems,
         start_rollout=start,
         nonfinite_steps=nonfinite,
@@ -238,7 +245,8 @@ def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
 def logprob_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     """Dense old (and reference) log-probs, mismatch metrics, Sparse-RL corrections."""
     cfg, module = run.cfg, run.train_engine.module
-    args = (batch.prompts, batch.responses, batch.width, cfg.max_tokens_per_gpu, cfg.temperature)
+    args = (batch.prompts, batch.responses, batch.width, cfg.max_tokens_per_gpu, cfg.temperature,
+            cfg.model.logprob_chunk)
     module.eval()
     batch.old_logp = batch_logprobs(module, *args)
     if run.ref_model is not None:
@@ -260,6 +268,17 @@ def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     run.nonfinite_steps += skipped
     metrics["train/nonfinite_steps"] = Sum(skipped)
     metrics["train/step"] = float(run.train_engine.global_steps)
+
+
+def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, float]:
+    """Achieved TFLOP/s and MFU of the log-prob passes (old, and reference when there is
+    one) and of the update (forward + backward, 3 forwards' worth), see grpo/flops.py."""
+    forward = batch_forward_flops(run.flops, batch.prompts, batch.responses)
+    passes = 1 + (run.ref_model is not None)
+    return {
+        **mfu_metrics("logprobs", passes * forward, metrics["time/logprobs_s"], run.peak),
+        **mfu_metrics("update", 3 * forward, metrics["time/update_s"], run.peak),
+    }
 
 
 def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
@@ -321,6 +340,7 @@ def train(run: Run) -> None:
             logprob_phase(run, batch, metrics)
         with phase("update", metrics, run.device):
             update_phase(run, batch, metrics)
+        metrics.update(perf_metrics(run, batch, metrics))
 
         metrics = reduce_metrics(metrics)
         if cfg.eval_interval and rollout % cfg.eval_interval == 0:

@@ -28,6 +28,8 @@ TisLevel = Literal["token", "sequence", "geometric"]
 TisMode = Literal["truncate", "clip", "mask"]
 PromptTemplate = Literal["boxed", "chat"]
 Resume = Literal["auto", "never"]
+# Training-pass attention over packed rows (grpo/attention.py).
+Attention = Literal["varlen", "sdpa"]
 
 
 def choices(kind: object) -> tuple[str, ...]:
@@ -59,6 +61,12 @@ class ModelConfig:
     path: str = "tiny"
     dtype: Dtype = "bfloat16"
     gradient_checkpointing: bool = False
+    # varlen: flash varlen kernel on CUDA (one causal SDPA per sequence elsewhere), no
+    # mask; sdpa: transformers' dense block-diagonal mask over the packed row.
+    attention: Attention = "varlen"
+    # LM head + log-softmax fused over chunks of this many tokens (grpo/fused_logprobs.py);
+    # 0 materialises the [tokens x vocabulary] logits.
+    logprob_chunk: NonNegativeInt = 1024
 
 
 @dataclass
@@ -165,6 +173,8 @@ class LogConfig:
     wandb: bool = False
     wandb_project: str = "minisparse"
     run_name: str | None = None
+    # Peak dense TFLOP/s per GPU for perf/*_mfu; 0: by device name (grpo/flops.py).
+    peak_tflops: NonNegative = 0.0
 
 
 @dataclass

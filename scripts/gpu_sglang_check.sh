@@ -39,8 +39,8 @@ for row in (json.loads(line) for line in open(sys.argv[1])):
     print(f"{'phase':16s} {'time_s':>8s} {'peak_gb':>8s} {'end_gb':>8s} {'reserved':>9s}")
     for p in [k[5:-2] for k in row if k.startswith("time/")]:
         g = lambda k: row.get(f"mem/{p}_{k}", float("nan"))
-        print(f"{p:16s} {row['time/' + p + '_s']:8.2f} {g('peak_gb'):8.2f} "
-              f"{g('end_gb'):8.2f} {g('reserved_gb'):9.2f}")
+        print(f"{p:16s} {row['time/' + p + '_s']:8.2f} {g('peak_gib'):8.2f} "
+              f"{g('end_gib'):8.2f} {g('reserved_gib'):9.2f}")
     for k in sorted(k for k in row if k.startswith(("mismatch/", "tis/", "rs/")))
              + ["perf/rollout_tokens", "perf/rollout_tokens_per_s",
                 "rollout/response_len_mean", "train/grad_norm", "train/pg_loss"]:

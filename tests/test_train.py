@@ -53,8 +53,11 @@ REQUIRED_KEYS = [
     "time/update_s",
     "time/logprobs_s",
     "perf/rollout_tokens_per_s",
+    "perf/logprobs_tflops",
+    "perf/update_tflops",
 ]
-VOLATILE = ("time/", "mem/", "perf/rollout_tokens_per_s", "reward/grade_s")
+VOLATILE = ("time/", "mem/", "perf/rollout_tokens_per_s", "perf/logprobs_", "perf/update_",
+            "reward/grade_s")
 
 
 def _free_port() -> str:

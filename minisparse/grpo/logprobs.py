@@ -1,10 +1,12 @@
 """Dense log-probs of response tokens, for packed prompt+response sequences.
 
 One forward over a single row holding several sequences back to back, with
-position_ids restarting at 0 for each: transformers turns that into a block-diagonal
-causal mask (sdpa/eager) or varlen attention (flash), so no padding is computed and the
-result equals per-sequence forwards (tests/grpo/test_logprobs.py checks it). Only the
-response positions go through the LM head, in float32 for the log-softmax.
+position_ids restarting at 0 for each. Under our "varlen" attention (attention.py) the
+sequences' boundaries go to a variable-length kernel; under "sdpa" transformers builds a
+block-diagonal causal mask. Either way no padding is computed and the result equals
+per-sequence forwards (tests/grpo/test_logprobs.py checks it). Only the response
+positions go through the LM head, fused with the float32 log-softmax in chunks
+(fused_logprobs.py) unless `chunk` is 0.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisparse.grpo.attention import NAME as VARLEN, packing_kwargs
 from minisparse.grpo.batching import pack_by_tokens
+from minisparse.grpo.fused_logprobs import fused_logprobs
 
 
 def pack_sequences(
@@ -70,6 +74,27 @@ def pad_rows(flat: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor
     return out
 
 
+def _packed_hidden(
+    model: nn.Module, seqs: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(last hidden states [L, H], input ids [L]) of the sequences packed into one row."""
+    device = next(model.parameters()).device
+    input_ids, position_ids = pack_sequences(seqs, device)
+    extra = {}
+    if model.config._attn_implementation == VARLEN:
+        extra = packing_kwargs([len(s) for s in seqs], device)
+    hidden = model.model(
+        input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
+    ).last_hidden_state
+    return hidden[0], input_ids[0]
+
+
+def _can_fuse(lm_head: nn.Module) -> bool:
+    """The fused path reads the weight directly: not with a bias, nor under ZeRO 3
+    (a partitioned weight is gathered only by lm_head's own forward hooks)."""
+    return getattr(lm_head, "bias", None) is None and not hasattr(lm_head.weight, "ds_id")
+
+
 def response_logprobs(
     model: nn.Module,
     prompts: list[list[int]],
@@ -77,6 +102,7 @@ def response_logprobs(
     width: int,
     entropy: str = "none",
     temperature: float = 1.0,
+    chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-probs [n, width], entropy [n, width] or None) of each response token under
     model given its prompt; rows zero-padded past the response length.
@@ -84,20 +110,27 @@ def response_logprobs(
     entropy: "none" | "detached" (a metric only) | "grad" (entropy bonus in the loss).
     The model is an HF causal LM (or a DeepSpeed engine's .module); gradients flow when
     autograd is on. Logits are divided by the sampling temperature, as the engine does,
-    so dense and sampler log-probs describe the same distribution.
+    so dense and sampler log-probs describe the same distribution. chunk > 0 fuses the
+    LM head with the log-softmax over that many tokens at a time.
     """
-    device = next(model.parameters()).device
-    input_ids, position_ids = pack_sequences([p + r for p, r in zip(prompts, responses)], device)
-    hidden = model.model(
-        input_ids=input_ids, position_ids=position_ids, use_cache=False
-    ).last_hidden_state
+    hidden, input_ids = _packed_hidden(model, [p + r for p, r in zip(prompts, responses)])
     pred, target = _response_positions([len(p) for p in prompts], [len(r) for r in responses])
-    logits = model.lm_head(hidden[0, pred])
-    if temperature not in (0.0, 1.0):  # the engine's greedy log-probs are taken at T=1
-        logits = logits / temperature
-    logp, ent = token_logprobs(logits, input_ids[0, target], entropy == "grad")
-    if entropy == "detached":
-        ent = entropy_metric(logits)
+    if temperature in (0.0, 1.0):  # the engine's greedy log-probs are taken at T=1
+        temperature = 1.0
+    if chunk > 0 and _can_fuse(model.lm_head):
+        logp, ent = fused_logprobs(
+            hidden[pred], model.lm_head.weight, input_ids[target], temperature, chunk,
+            with_entropy=entropy != "none",
+        )
+        if entropy == "detached":
+            ent = ent.detach()
+    else:
+        logits = model.lm_head(hidden[pred])
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp, ent = token_logprobs(logits, input_ids[target], entropy == "grad")
+        if entropy == "detached":
+            ent = entropy_metric(logits)
     lengths = [len(r) for r in responses]
     return pad_rows(logp, lengths, width), None if ent is None else pad_rows(ent, lengths, width)
 
@@ -110,6 +143,7 @@ def batch_logprobs(
     width: int,
     max_tokens: int,
     temperature: float = 1.0,
+    chunk: int = 0,
 ) -> torch.Tensor:
     """[N, width] log-probs (CPU, float32) for a whole batch, in packed micro-batches of
     at most max_tokens tokens; no gradients (old and reference log-probs)."""
@@ -122,6 +156,7 @@ def batch_logprobs(
             [responses[i] for i in group],
             width,
             temperature=temperature,
+            chunk=chunk,
         )
         out[group] = logp.float().cpu()
     return out

@@ -16,6 +16,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from minisparse.grpo.metric import Max
 from minisparse.grpo.optim import TrainingStateOffload
 
 GIB = 1024**3
@@ -28,8 +29,8 @@ def _sync(device: torch.device) -> None:
 
 @contextmanager
 def phase(name: str, metrics: dict[str, float], device: torch.device) -> Iterator[None]:
-    """Record time/{name}_s and, on GPU, mem/{name}_peak_gb (max allocated in the phase),
-    mem/{name}_reserved_gb and mem/{name}_end_gb (allocated when it ends: after a swap,
+    """Record time/{name}_s and, on GPU, mem/{name}_peak_gib (max allocated in the phase),
+    mem/{name}_reserved_gib and mem/{name}_end_gib (allocated when it ends: after a swap,
     what the next phase starts with) into metrics; on CPU the process's peak RSS so far."""
     _sync(device)
     if device.type == "cuda":
@@ -39,11 +40,12 @@ def phase(name: str, metrics: dict[str, float], device: torch.device) -> Iterato
     _sync(device)
     metrics[f"time/{name}_s"] = time.perf_counter() - start
     if device.type == "cuda":
-        metrics[f"mem/{name}_peak_gb"] = torch.cuda.max_memory_allocated(device) / GIB
-        metrics[f"mem/{name}_reserved_gb"] = torch.cuda.max_memory_reserved(device) / GIB
-        metrics[f"mem/{name}_end_gb"] = torch.cuda.memory_allocated(device) / GIB
+        # the largest rank's peak: what a phase needs is what the fullest GPU holds
+        metrics[f"mem/{name}_peak_gib"] = Max(torch.cuda.max_memory_allocated(device) / GIB)
+        metrics[f"mem/{name}_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
+        metrics[f"mem/{name}_end_gib"] = torch.cuda.memory_allocated(device) / GIB
     else:  # process-wide high-water mark (Linux reports KiB); not per phase
-        metrics["mem/cpu_max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+        metrics["mem/cpu_max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
 
 def free_training_memory(offload: TrainingStateOffload, device: torch.device) -> None:
@@ -70,15 +72,26 @@ def train_memory(offload: TrainingStateOffload, rollout_engine, device: torch.de
 @contextmanager
 def visiting(module: torch.nn.Module, device: torch.device) -> Iterator[torch.nn.Module]:
     """The module on `device` for the block, on the CPU otherwise (GPU runs only): the
-    reference model is needed for one forward pass per rollout, not during the update."""
+    reference model is needed for one forward pass per rollout, not during the update.
+
+    Its weights never change, so the CPU copy is kept (page-locked on the first visit,
+    so the copy in runs at full PCIe speed) and the GPU copy is simply dropped after the
+    block: no copy back, no fresh host allocation each rollout."""
     if device.type != "cuda":
         yield module
         return
-    module.to(device)
+    tensors = [*module.parameters(), *module.buffers()]  # tied weights appear once
+    home = []
+    for t in tensors:
+        if not t.data.is_pinned():
+            t.data = t.data.pin_memory()
+        home.append(t.data)
+        t.data = t.data.to(device, non_blocking=True)
     try:
         yield module
     finally:
-        module.to("cpu")
+        for t, cpu in zip(tensors, home):
+            t.data = cpu
         torch.cuda.empty_cache()
 
 

@@ -51,6 +51,7 @@ def micro_batch_loss(model, batch: RolloutBatch, rows: list[int], cfg: Config, d
         batch.width,
         entropy=entropy,
         temperature=cfg.temperature,
+        chunk=cfg.model.logprob_chunk,
     )
     return grpo_loss(
         logp,

@@ -4,6 +4,7 @@ import pytest
 import torch
 from grpo_models import tiny_qwen2
 
+from minisparse.grpo.attention import use_attention
 from minisparse.grpo.logprobs import pack_sequences, pad_rows, response_logprobs
 
 
@@ -31,12 +32,17 @@ def test_pad_rows():
     assert out.tolist() == [[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]
 
 
-def test_packed_logprobs_equal_unpacked():
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
+@pytest.mark.parametrize("chunk", [0, 2])
+def test_packed_logprobs_equal_unpacked(attention, chunk):
     model = _model()
+    use_attention(model, attention)
     prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
     responses = [[10, 11, 12], [13, 14, 15, 16, 17], [18]]
     with torch.no_grad():
-        logp, ent = response_logprobs(model, prompts, responses, width=6, entropy="detached")
+        logp, ent = response_logprobs(
+            model, prompts, responses, width=6, entropy="detached", chunk=chunk
+        )
     assert logp.shape == (3, 6) and ent.shape == (3, 6)
     for i, (p, r) in enumerate(zip(prompts, responses)):
         torch.testing.assert_close(logp[i, : len(r)], _reference(model, p, r), rtol=1e-4, atol=1e-5)
@@ -70,3 +76,23 @@ def test_empty_response_gives_a_zero_row():
     logp = batch_logprobs(model, [[1, 2], [3, 4]], [[], [5, 6]], width=2, max_tokens=100)
     assert logp[0].tolist() == [0.0, 0.0]
     torch.testing.assert_close(logp[1], _reference(model, [3, 4], [5, 6]), rtol=1e-4, atol=1e-5)
+
+
+def test_fused_varlen_gradients_equal_unfused_sdpa():
+    """The update's path (varlen attention, fused LM head) against the dense-mask SDPA,
+    full-logits path: same loss, same gradient on every parameter."""
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    responses = [[10, 11, 12], [13, 14, 15, 16, 17], [18]]
+    grads = []
+    for attention, chunk in (("sdpa", 0), ("varlen", 4)):
+        model = _model()  # float32: the unfused path casts logits to float32 anyway
+        use_attention(model, attention)
+        logp, ent = response_logprobs(
+            model, prompts, responses, width=6, entropy="grad", temperature=0.9, chunk=chunk
+        )
+        (logp.square().sum() - 0.1 * ent.sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name, g in grads[0].items():
+        assert g.abs().sum() > 0, name
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-6, msg=name)

@@ -89,3 +89,20 @@ def test_state_offload_roundtrip_on_gpu():
     step()  # training goes on after the round trips
     assert engine.was_step_applied()
     torch.distributed.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_visiting_moves_in_and_home_without_copying_back():
+    from minisparse.grpo.memory import visiting
+
+    model = torch.nn.Linear(8, 4)
+    model.weight.data = model.weight.data.pin_memory()
+    before = model.weight.data.clone()
+    home = model.weight.data.data_ptr()
+    x = torch.randn(3, 8)
+    with visiting(model, torch.device("cuda")) as m:
+        assert m.weight.is_cuda and m.bias.is_cuda
+        y = m(x.cuda()).cpu()
+    assert not model.weight.is_cuda and model.weight.data.data_ptr() == home
+    torch.testing.assert_close(model.weight.data, before)
+    torch.testing.assert_close(y, model(x))
