@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 import re
 import signal
 import threading
@@ -200,13 +201,49 @@ def math_reward(response: str, label: str) -> float:
     return grade(response, label).score
 
 
+POOL_MIN_BATCH = 64  # smaller batches are graded in-process (a pool round trip costs more)
+_pool: Any = None
+
+
+def _grade_pool(workers: int):
+    """One spawned process pool per trainer process, kept for the run. Spawned, not forked:
+    the trainer holds CUDA and NCCL state that a forked child must not inherit. Workers run
+    grade() in their main thread, so the SIGALRM deadline applies there too."""
+    global _pool
+    if _pool is None or _pool._max_workers != workers:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    return _pool
+
+
+def default_workers() -> int:
+    """MINISPARSE_REWARD_WORKERS, else up to 8 of the CPUs this process may use."""
+    return int(os.environ.get("MINISPARSE_REWARD_WORKERS", min(8, len(os.sched_getaffinity(0)))))
+
+
+def _grade_all(pairs: list[tuple[str, str]], timeout_s: float) -> list[Grade]:
+    return [grade(r, l, timeout_s) for r, l in pairs]
+
+
 def grade_batch(responses: Sequence[str], labels: Sequence[str],
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[list[Grade], dict[str, float]]:
-    """Grades plus stats for logging: accuracy, timeouts, responses with no answer."""
+                timeout_s: float = DEFAULT_TIMEOUT_S,
+                workers: int | None = None) -> tuple[list[Grade], dict[str, float]]:
+    """Grades plus stats for logging: accuracy, timeouts, responses with no answer.
+    Batches of POOL_MIN_BATCH or more are split over `workers` processes (None: the
+    default_workers(); 1: in this process), in order."""
     if len(responses) != len(labels):
         raise ValueError(f"{len(responses)} responses but {len(labels)} labels")
     start = time.perf_counter()
-    grades = [grade(r, l, timeout_s) for r, l in zip(responses, labels)]
+    pairs = list(zip(responses, labels))
+    workers = default_workers() if workers is None else workers
+    if workers > 1 and len(pairs) >= POOL_MIN_BATCH:
+        chunks = [pairs[i::workers] for i in range(workers)]  # interleaved: similar loads
+        parts = list(_grade_pool(workers).map(_grade_all, chunks, [timeout_s] * workers))
+        grades = [parts[i % workers][i // workers] for i in range(len(pairs))]
+    else:
+        grades = _grade_all(pairs, timeout_s)
     n = max(len(grades), 1)
     stats = {
         "accuracy": sum(g.score for g in grades) / n,

@@ -108,3 +108,17 @@ def test_grade_batch_stats():
     assert stats["accuracy"] == 0.5 and stats["timeouts"] == 0 and stats["no_answer"] == 1
     with pytest.raises(ValueError, match="2 responses but 1 labels"):
         grade_batch(["a", "b"], ["1"])
+
+
+def test_grade_batch_in_a_process_pool_matches_in_process():
+    import minisparse.reward as reward
+
+    responses = [WORKED, "\\boxed{3}", "no idea", "\\boxed{4}", "the answer is 5."] * 16
+    labels = ["1/2", "3", "5", "5", "5"] * 16
+    serial, serial_stats = grade_batch(responses, labels, workers=1)
+    pooled, pooled_stats = grade_batch(responses, labels, workers=3)
+    assert reward._pool is not None and reward._pool._max_workers == 3
+    assert [(g.score, g.answer) for g in pooled] == [(g.score, g.answer) for g in serial]
+    assert [g.score for g in pooled[:5]] == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert pooled_stats["accuracy"] == serial_stats["accuracy"] == 0.6
+    assert pooled_stats["no_answer"] == 16
