@@ -127,12 +127,29 @@ def _parsed(text: str) -> tuple:
     return tuple(parse("\\boxed{" + text + "}", extraction_config=config, parsing_timeout=None))
 
 
+_INTEGER = re.compile(r"-?\d+")
+# integers joined by + - * / x, and nothing else: "243 - 18", "12 \times 11"
+_NUMBERS_AND_OPS = re.compile(
+    r"\(?-?\d+\)?(?:(?:\+|-|\*|/|\\times|\\cdot|\\div)\(?-?\d+\)?)+")
+
+
+def _unevaluated(answer: str, label: str) -> bool:
+    """An integer label answered with the arithmetic still to do ("243 - 18" for 225).
+    math-verify evaluates it and calls it equal, so a policy learns to box the question's
+    own expression (SmolLM2 on the arithmetic set did, docs/results.md); it is not a
+    final answer. Anything else (powers, fractions, "2 \times 4 = 8") is left to verify."""
+    return bool(_INTEGER.fullmatch(_normalize(label))
+                and _NUMBERS_AND_OPS.fullmatch(_normalize(answer)))
+
+
 @functools.lru_cache(maxsize=65536)
 def _equivalent(answer: str, label: str) -> bool:
     from math_verify import verify
 
     if _normalize(answer) == _normalize(label):
         return True
+    if _unevaluated(answer, label):
+        return False
     if _risky(answer) or _risky(label):
         return False
     gold, pred = _parsed(label), _parsed(answer)
@@ -219,8 +236,10 @@ def _grade_pool(workers: int):
 
 
 def default_workers() -> int:
-    """MINISPARSE_REWARD_WORKERS, else up to 8 of the CPUs this process may use."""
-    return int(os.environ.get("MINISPARSE_REWARD_WORKERS", min(8, len(os.sched_getaffinity(0)))))
+    """MINISPARSE_REWARD_WORKERS, else 1 (in-process). Opt-in until understood: on the GPU
+    image (Python 3.12) scripts/bench_reward.py scored 0.345 pooled against 0.516 in-process
+    on the same batch, which no CPU run here reproduces (docs/results.md)."""
+    return int(os.environ.get("MINISPARSE_REWARD_WORKERS", "1"))
 
 
 def _grade_all(pairs: list[tuple[str, str]], timeout_s: float) -> list[Grade]:

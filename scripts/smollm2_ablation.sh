@@ -15,8 +15,9 @@ TRAIN_S=${TRAIN_S:-280}
 ROLLOUTS=${ROLLOUTS:-30}
 KV_GB=${KV_GB:-6}
 BASE=${BASE:-checkpoints/smollm2-135m-instruct}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export MINISPARSE_REWARD_WORKERS=${MINISPARSE_REWARD_WORKERS:-3}
+export MINISPARSE_REWARD_WORKERS=${MINISPARSE_REWARD_WORKERS:-1}
 mkdir -p "$ROOT"
 NAIVE="--set loss.use_tis=false --set loss.use_rs=false --set loss.normalize_weights=false"
 
@@ -28,10 +29,12 @@ train() {  # name port config [overrides]
         > "$ROOT/$name.log" 2>&1
     echo "$name: train exit $?"
 }
-train dense 29501 smollm2_dense &
-train rkv_naive 29502 smollm2_rkv $NAIVE &
-train rkv 29503 smollm2_rkv &
-train snapkv 29504 smollm2_snapkv &
+VARIANTS=${VARIANTS:-dense rkv_naive rkv snapkv}
+on() { [[ " $VARIANTS " == *" $1 "* ]]; }
+on dense && train dense 29501 smollm2_dense &
+on rkv_naive && train rkv_naive 29502 smollm2_rkv $NAIVE &
+on rkv && train rkv 29503 smollm2_rkv &
+on snapkv && train snapkv 29504 smollm2_snapkv &
 wait
 
 evaluate() {  # label model config
@@ -43,14 +46,14 @@ evaluate() {  # label model config
 }
 newest() { ls -d "$ROOT/$1"/checkpoints/rollout_* 2>/dev/null | tail -1; }
 mkdir -p "$ROOT/heldout"
-for name in dense rkv_naive rkv snapkv; do
+for name in $VARIANTS; do
     ck=$(newest $name)
     [ -n "$ck" ] && evaluate "${name}_$(basename "$ck")" "$ck/hf" smollm2_dense &
 done
 ck=$(newest dense)
 for c in rkv snapkv; do
-    evaluate "base_$c" "$BASE" smollm2_$c &
-    [ -n "$ck" ] && evaluate "dense_$(basename "$ck")_$c" "$ck/hf" smollm2_$c &
+    [ -z "${SKIP_BASE:-}" ] && evaluate "base_$c" "$BASE" smollm2_$c &
+    on dense && [ -n "$ck" ] && evaluate "dense_$(basename "$ck")_$c" "$ck/hf" smollm2_$c &
 done
-evaluate base_dense "$BASE" smollm2_dense &
+[ -z "${SKIP_BASE:-}" ] && evaluate base_dense "$BASE" smollm2_dense &
 wait

@@ -122,3 +122,19 @@ def test_grade_batch_in_a_process_pool_matches_in_process():
     assert [g.score for g in pooled[:5]] == [1.0, 1.0, 0.0, 0.0, 1.0]
     assert pooled_stats["accuracy"] == serial_stats["accuracy"] == 0.6
     assert pooled_stats["no_answer"] == 16
+
+
+@pytest.mark.parametrize("answer,label,expected", [
+    ("243 - 18", "225", 0.0),  # the question's own expression, boxed: not an answer
+    ("12 \\times 11", "132", 0.0),
+    ("(-3) + 5", "2", 0.0),
+    ("6 \\div 2", "3", 0.0),
+    ("225", "225", 1.0),
+    ("2 \\times 4 = 8", "8", 1.0),  # worked, then the value: still graded by math-verify
+    ("2^{10}", "1024", 1.0),
+    ("\\frac{6}{2}", "3", 1.0),
+    ("1 + \\sqrt{2}", "1+\\sqrt{2}", 1.0),  # non-integer labels are unaffected
+    ("1/2", "0.5", 1.0),
+])
+def test_unevaluated_arithmetic_is_not_a_final_answer(answer, label, expected):
+    assert math_reward(f"So the result is \\boxed{{{answer}}}.", label) == expected

@@ -23,7 +23,10 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
     pytest.mark.skipif(not (MODEL / "config.json").is_file(), reason=f"no model at {MODEL}"),
 ]
-NEW, PROMPTS, ARGMAX_SLACK = 128, 16, 0.1
+# A trained model's logits reach |20|, where bf16 values are 0.125 apart (0.0625 in
+# [8, 16)); two such steps are what kernel-order differences can move a near-tie by.
+# (0.1, the slack of the random-weight tests, failed here at 0.125 on the first prompt.)
+NEW, PROMPTS, ARGMAX_SLACK = 128, 16, 0.25
 
 
 def test_engine_greedy_equals_transformers_generate():
