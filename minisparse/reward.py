@@ -236,9 +236,9 @@ def _grade_pool(workers: int):
 
 
 def default_workers() -> int:
-    """MINISPARSE_REWARD_WORKERS, else 1 (in-process). Opt-in until understood: on the GPU
-    image (Python 3.12) scripts/bench_reward.py scored 0.345 pooled against 0.516 in-process
-    on the same batch, which no CPU run here reproduces (docs/results.md)."""
+    """MINISPARSE_REWARD_WORKERS, else 1 (in-process). Opt-in until understood: under
+    Python 3.12 a worker's grade of a pair can depend on what it graded before (0.345
+    pooled against 0.516 in-process on scripts/bench_reward.py; docs/results.md)."""
     return int(os.environ.get("MINISPARSE_REWARD_WORKERS", "1"))
 
 
