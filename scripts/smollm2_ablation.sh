@@ -8,6 +8,8 @@
 #
 #   bash scripts/smollm2_ablation.sh                 # needs checkpoints/smollm2-135m-instruct
 #   TRAIN_S=1800 ROLLOUTS=60 bash scripts/smollm2_ablation.sh
+#   PACK=$OUT/ablation.tgz bash scripts/smollm2_ablation.sh   # metrics, logs, evals packed
+#       on any exit, also when a time limit stops it (checkpoints and TensorBoard left out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${ROOT:-outputs/ablation}
@@ -19,6 +21,7 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export MINISPARSE_REWARD_WORKERS=${MINISPARSE_REWARD_WORKERS:-1}
 mkdir -p "$ROOT"
+[ -n "${PACK:-}" ] && trap 'tar czf "$PACK" --exclude=checkpoints --exclude=tensorboard "$ROOT"' EXIT
 NAIVE="--set loss.use_tis=false --set loss.use_rs=false --set loss.normalize_weights=false"
 
 train() {  # name port config [overrides]
