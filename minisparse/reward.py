@@ -231,14 +231,24 @@ def _grade_pool(workers: int):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                    initializer=_warm_up)
     return _pool
 
 
+@functools.cache
+def _warm_up() -> None:
+    """The first grade of a process must not pay for importing math-verify (and sympy)
+    under the deadline: an import cut short by the alarm leaves half-initialised modules
+    that then grade wrongly for the rest of the process (seen as pooled scores that
+    depended on each worker's history: 235 of 1,024 wrong before this warm-up, 0 after)."""
+    _parsed.__wrapped__("1")
+
+
 def default_workers() -> int:
-    """MINISPARSE_REWARD_WORKERS, else 1 (in-process). Opt-in until understood: under
-    Python 3.12 a worker's grade of a pair can depend on what it graded before (0.345
-    pooled against 0.516 in-process on scripts/bench_reward.py; docs/results.md)."""
+    """MINISPARSE_REWARD_WORKERS, else 1 (in-process). Opt-in until the pool is checked
+    again on the GPU image, where it graded wrongly before _warm_up existed (0.345 pooled
+    against 0.516 in-process on scripts/bench_reward.py; docs/results.md)."""
     return int(os.environ.get("MINISPARSE_REWARD_WORKERS", "1"))
 
 
@@ -254,6 +264,7 @@ def grade_batch(responses: Sequence[str], labels: Sequence[str],
     default_workers(); 1: in this process), in order."""
     if len(responses) != len(labels):
         raise ValueError(f"{len(responses)} responses but {len(labels)} labels")
+    _warm_up()
     start = time.perf_counter()
     pairs = list(zip(responses, labels))
     workers = default_workers() if workers is None else workers

@@ -21,7 +21,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from minisparse.benchmarks import load_benchmark  # noqa: E402
 from minisparse.config import load_config  # noqa: E402
 from minisparse.engine import SamplingParams, engine as engine_mod  # noqa: E402
-from minisparse.engine.config import EngineArgs  # noqa: E402
 from minisparse.engine.engine import LLMEngine  # noqa: E402
 from minisparse.evaluation import prompt_token_ids  # noqa: E402
 from minisparse.models import load_policy  # noqa: E402
@@ -92,7 +91,7 @@ def main() -> None:
     cfg = load_config(args.config, [f"model.path={args.model}"])
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     model, tok = load_policy(args.model, dtype, args.device)
-    engine = LLMEngine(model, tok, EngineArgs.from_config(cfg, args.device))
+    engine = LLMEngine(model, tok, cfg.engine, cfg.compress, args.device)
     tracker = Positions(engine)
     problems = load_benchmark("arithmetic", "", limit=args.prompts)
     prompts = [prompt_token_ids(tok, p.question, "user") for p in problems]
