@@ -63,7 +63,8 @@ def _add_protocol_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, help=f"sampling seed (default: the config's, {Config.seed})")
     g.add_argument("--prompt-template", choices=choices(PromptTemplate),
                    help="boxed (default): question + instruction, no chat template; "
-                        "chat: the training set's system/user turn in the chat template")
+                        "chat: the training set's system/user turn in the chat template; "
+                        "user: one user turn as data.path=synthetic renders it (arithmetic)")
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,8 @@ the text after gsm8k's "####", the last \\boxed{} of minerva's solution, or olym
 list of final answers. Each reader turns one row into (question, answer) the way that
 harness does, so scores stay comparable with the paper's. Every problem of a run is read
 before any generation, and a bad name, file or row raises BenchmarkError naming it.
+Generated benchmarks (arithmetic: held-out problems of minisparse.synthetic, never in its
+training rows) need no file.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minisparse.reward import last_boxed
+from minisparse.synthetic import synthetic_problems
 
 # The seven benchmarks the Sparse-RL paper reports, in its table order.
 PAPER_BENCHMARKS: tuple[str, ...] = (
@@ -30,6 +33,9 @@ EVAL_DATA_HINT = (
     "https://github.com/hkust-nlp/simpleRL-reason && mkdir -p data && "
     "cp -r simpleRL-reason/examples/simplelr_math_eval/data data/eval"
 )
+
+
+ARITHMETIC_SEED = 1234  # the held-out split is fixed; the seed only orders it
 
 
 class BenchmarkError(ValueError):
@@ -53,9 +59,11 @@ class BenchmarkSpec:
     """A reader plus the paper's sampling protocol for this benchmark."""
 
     name: str
-    reader: Callable[[dict], tuple[str, str]]
+    reader: Callable[[dict], tuple[str, str]] | None  # None for a generated benchmark
     n_samples: int = 1
     max_new_tokens: int = 8192
+    generate: Callable[[int], list[tuple[str, str]]] | None = None  # no file: n problems
+    size: int = 0  # problems of a generated benchmark when no limit is given
 
 
 def _text(row: dict, *keys: str) -> str:
@@ -130,6 +138,8 @@ REGISTRY: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("aime24", read_aime24, n_samples=32, max_new_tokens=16384),
         BenchmarkSpec("amc23", read_amc23, n_samples=32, max_new_tokens=16384),
         BenchmarkSpec("gaokao2023en", read_gaokao2023en),
+        BenchmarkSpec("arithmetic", None, n_samples=4, max_new_tokens=1024, size=500,
+                      generate=lambda n: synthetic_problems(n, ARITHMETIC_SEED, "heldout")),
     )
 }
 
@@ -158,6 +168,9 @@ def _question_with_hint(question: str, answer: str) -> str:
 def load_benchmark(name: str, data_dir: str | Path, limit: int | None = None) -> list[Problem]:
     """The first `limit` problems (all when None) of one benchmark; BenchmarkError if bad."""
     spec = get_spec(name)
+    if spec.generate is not None:
+        pairs = spec.generate(spec.size if limit is None else limit)
+        return [Problem(name, i, q, a) for i, (q, a) in enumerate(pairs)]
     path = benchmark_path(name, data_dir)
     if not path.is_file():
         hint = "" if Path(data_dir).is_dir() else f" (no directory {data_dir}; {EVAL_DATA_HINT})"

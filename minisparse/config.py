@@ -26,7 +26,7 @@ KlType = Literal["low_var_kl", "k1", "k2", "k3"]
 Aggregation = Literal["sample_mean", "token_mean"]
 TisLevel = Literal["token", "sequence", "geometric"]
 TisMode = Literal["truncate", "clip", "mask"]
-PromptTemplate = Literal["boxed", "chat"]
+PromptTemplate = Literal["boxed", "chat", "user"]  # user: a synthetic training row's turn
 Resume = Literal["auto", "never"]
 # Training-pass attention over packed rows (grpo/attention.py).
 Attention = Literal["varlen", "sdpa"]
@@ -164,7 +164,7 @@ class EvalConfig:
     temperature: NonNegative = 0.8
     top_p: Share = 0.95
     n_samples: Count | None = None  # None: each benchmark's protocol value (32 on aime24/amc23)
-    prompt_template: PromptTemplate = "boxed"
+    prompt_template: PromptTemplate = "boxed"  # boxed | chat | user (synthetic rows' turn)
 
 
 @dataclass

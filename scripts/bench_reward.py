@@ -1,5 +1,7 @@
 """Times grade_batch on 1024 realistic mixed responses (128 prompts x 8 samples, as in
-one qwen3b_rkv rollout); prints the median of 3 runs with cold caches.
+one qwen3b_rkv rollout), in this process and in the process pool; prints the median of
+3 runs, each on a new batch (new answers, as in successive rollouts; the pool's workers
+keep their caches, as they do during training), after a warm-up batch.
 
     python scripts/bench_reward.py
 """
@@ -60,18 +62,26 @@ def make_batch(seed: int = 0) -> tuple[list[str], list[str]]:
     return responses, labels
 
 
-def main() -> None:
-    responses, labels = make_batch()
+def timed(workers: int) -> str:
+    reward._parsed.cache_clear()
+    reward._equivalent.cache_clear()
+    reward.grade_batch(*make_batch(0), workers=workers)  # warm-up (starts the pool)
     times = []
-    for _ in range(3):
-        reward._parsed.cache_clear()
-        reward._equivalent.cache_clear()
+    for seed in (1, 2, 3):
+        responses, labels = make_batch(seed)
         start = time.perf_counter()
-        _, stats = reward.grade_batch(responses, labels)
+        _, stats = reward.grade_batch(responses, labels, workers=workers)
         times.append(time.perf_counter() - start)
-    print(f"grade_batch: {len(responses)} responses, median {statistics.median(times):.2f} s "
-          f"(runs {', '.join(f'{t:.2f}' for t in times)}), accuracy {stats['accuracy']:.3f}, "
-          f"timeouts {stats['timeouts']}, on {platform.processor() or platform.machine()}")
+    return (f"workers={workers}: median {statistics.median(times):.2f} s (runs "
+            f"{', '.join(f'{t:.2f}' for t in times)}), accuracy {stats['accuracy']:.3f}, "
+            f"timeouts {stats['timeouts']}")
+
+
+def main() -> None:
+    print(f"grade_batch on 1024 responses, {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs")
+    for workers in (1, int(os.environ.get("BENCH_WORKERS", "8"))):
+        print(timed(workers))
 
 
 if __name__ == "__main__":

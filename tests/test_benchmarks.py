@@ -10,6 +10,7 @@ from minisparse.benchmarks import (
     BenchmarkError,
     load_benchmark,
     load_benchmarks,
+    get_spec,
     parse_benchmark_names,
 )
 from minisparse.reward import last_boxed
@@ -154,3 +155,16 @@ def test_real_files_read_completely():
     sizes = {name: len(load_benchmark(name, REAL_DATA)) for name in PAPER_BENCHMARKS}
     assert sizes == {"gsm8k": 1319, "math500": 500, "minerva_math": 272, "olympiadbench": 675,
                      "aime24": 30, "amc23": 40, "gaokao2023en": 385}
+
+
+def test_arithmetic_is_generated_held_out_and_needs_no_file(tmp_path):
+    from minisparse.synthetic import synthetic_rows, user_prompt
+
+    problems = load_benchmarks(["arithmetic"], tmp_path / "nowhere")["arithmetic"]
+    assert len(problems) == get_spec("arithmetic").size == 500
+    assert [p.index for p in problems] == list(range(500))
+    assert load_benchmarks(["arithmetic"], tmp_path, limit=7)["arithmetic"] == problems[:7]
+    training = {r["prompt"] for r in synthetic_rows(5000, seed=0)}
+    assert not training & {user_prompt(p.question) for p in problems}
+    assert sum(str(eval(p.question[9:-2].replace("\\times", "*"))) == p.answer
+               for p in problems) == 500

@@ -69,7 +69,25 @@ def test_variants_differ_from_qwen3b_rkv_only_where_intended():
     assert load_config("llama1b_rkv").data.path == "data/simplelr_level3to5.jsonl"
 
 
-PAPER = [name for name in SHIPPED if not name.startswith("tiny")]
+PAPER = [name for name in SHIPPED if not name.startswith(("tiny", "smollm2"))]
+
+
+def test_smollm2_configs_differ_only_in_compression():
+    """The ablation's runs share everything but the rollout's KV cache; the model path is
+    where `python -m minisparse.download --model smollm2-135m-instruct --out checkpoints/`
+    writes it, and the compressed budget holds the ~60-token prompt."""
+    from minisparse.gguf_model import MODELS
+
+    dense, rkv, snap = (config_to_dict(load_config(f"smollm2_{v}"))
+                        for v in ("dense", "rkv", "snapkv"))
+    assert dense["model"]["path"] == f"checkpoints/{next(iter(MODELS))}"
+    for other in (rkv, snap):
+        differ = {k for k in dense if dense[k] != other[k]}
+        assert differ == {"compress", "output_dir"}, differ
+        assert other["compress"]["budget"] > dense["data"]["max_prompt_len"] // 2
+    assert (rkv["compress"]["algorithm"], snap["compress"]["algorithm"]) == ("rkv", "snapkv")
+    assert {k for k in rkv["compress"] if rkv["compress"][k] != snap["compress"][k]} \
+        == {"algorithm"}
 
 
 @pytest.mark.parametrize("name", PAPER)

@@ -270,3 +270,17 @@ def test_two_gloo_ranks_score_like_one_process(tiny_path, tmp_path):
         split = (tmp_path / "split" / name / "samples.jsonl").read_text()
         assert split == (tmp_path / "whole" / name / "samples.jsonl").read_text()
     assert ranks[0]["average_accuracy"] == whole["average_accuracy"]
+
+
+def test_user_prompt_is_the_synthetic_training_row(tokenizer):
+    """--prompt-template user renders a question exactly as a data.path=synthetic row
+    with apply_chat_template reaches the model during training."""
+    from minisparse.config import DataConfig
+    from minisparse.data import load_prompts
+
+    row = load_prompts(DataConfig(path="synthetic", synthetic_size=1,
+                                  apply_chat_template=True), tokenizer)[0]
+    question = row.prompt_text.split("user\n")[1].split(" Please reason")[0]
+    assert question.startswith("What is $") and question.endswith("$?")
+    assert prompt_text(tokenizer, question, "user") == row.prompt_text
+    assert prompt_token_ids(tokenizer, question, "user") == row.prompt_ids

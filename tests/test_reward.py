@@ -108,3 +108,33 @@ def test_grade_batch_stats():
     assert stats["accuracy"] == 0.5 and stats["timeouts"] == 0 and stats["no_answer"] == 1
     with pytest.raises(ValueError, match="2 responses but 1 labels"):
         grade_batch(["a", "b"], ["1"])
+
+
+def test_grade_batch_in_a_process_pool_matches_in_process():
+    import minisparse.reward as reward
+
+    responses = [WORKED, "\\boxed{3}", "no idea", "\\boxed{4}", "the answer is 5."] * 16
+    labels = ["1/2", "3", "5", "5", "5"] * 16
+    serial, serial_stats = grade_batch(responses, labels, workers=1)
+    pooled, pooled_stats = grade_batch(responses, labels, workers=3)
+    assert reward._pool is not None and reward._pool._max_workers == 3
+    assert [(g.score, g.answer) for g in pooled] == [(g.score, g.answer) for g in serial]
+    assert [g.score for g in pooled[:5]] == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert pooled_stats["accuracy"] == serial_stats["accuracy"] == 0.6
+    assert pooled_stats["no_answer"] == 16
+
+
+@pytest.mark.parametrize("answer,label,expected", [
+    ("243 - 18", "225", 0.0),  # the question's own expression, boxed: not an answer
+    ("12 \\times 11", "132", 0.0),
+    ("(-3) + 5", "2", 0.0),
+    ("6 \\div 2", "3", 0.0),
+    ("225", "225", 1.0),
+    ("2 \\times 4 = 8", "8", 1.0),  # worked, then the value: still graded by math-verify
+    ("2^{10}", "1024", 1.0),
+    ("\\frac{6}{2}", "3", 1.0),
+    ("1 + \\sqrt{2}", "1+\\sqrt{2}", 1.0),  # non-integer labels are unaffected
+    ("1/2", "0.5", 1.0),
+])
+def test_unevaluated_arithmetic_is_not_a_final_answer(answer, label, expected):
+    assert math_reward(f"So the result is \\boxed{{{answer}}}.", label) == expected

@@ -1,0 +1,124 @@
+"""What a compressed rollout keeps of the prompt: sample held-out arithmetic prompts with
+compression on, follow every (sequence, layer, KV head)'s kept positions through each
+compaction, and report which share of each prompt part (system turn, question,
+instruction) is still cached at the end, and at which response token compression starts.
+
+    python scripts/kv_retention.py --model checkpoints/smollm2-135m-instruct \
+        --config smollm2_rkv --prompts 16 --max-new 300
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from minisparse.benchmarks import load_benchmark  # noqa: E402
+from minisparse.config import load_config  # noqa: E402
+from minisparse.engine import SamplingParams, engine as engine_mod  # noqa: E402
+from minisparse.engine.engine import LLMEngine  # noqa: E402
+from minisparse.evaluation import prompt_token_ids  # noqa: E402
+from minisparse.models import load_policy  # noqa: E402
+
+
+class Positions:
+    """Original positions each (slot, layer, head) holds, updated at every compaction."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.kept: dict[int, list] = {}  # slot -> [layer][head] -> positions
+        self.first: dict[int, int] = {}  # slot -> next_pos at its first compaction
+        self.selected: list[torch.Tensor] = []
+        real_select, real_compact = engine.policy.select_batch, engine_mod.compact
+        self.layers, self.budget = engine.lm.num_layers, engine.policy.budget
+
+        def select(*a, **k):
+            self.selected.append(real_select(*a, **k))
+            return self.selected[-1]
+
+        def compact(pool, policy, rows, lens, next_pos):
+            real_compact(pool, policy, rows, lens, next_pos)
+            self.update(rows, lens, next_pos)
+
+        engine.policy.select_batch = select
+        engine_mod.compact = compact
+
+    def update(self, rows, lens, next_pos) -> None:
+        keep = torch.cat(self.selected).cpu()
+        self.selected.clear()
+        keep = keep.view(len(rows), self.layers, keep.shape[1], keep.shape[2])
+        for i, slot in enumerate(rows):
+            fresh = list(range(next_pos[i] - lens[i], next_pos[i]))
+            if slot not in self.kept:
+                self.first[slot] = next_pos[i]
+                self.kept[slot] = [[fresh] * keep.shape[2] for _ in range(self.layers)]
+            else:  # the budget kept last time, then the tokens appended since
+                fresh = fresh[self.budget:]
+            for layer in range(self.layers):
+                self.kept[slot][layer] = [
+                    [(head + fresh)[j] for j in idx]
+                    for head, idx in zip(self.kept[slot][layer], keep[i, layer].tolist())]
+
+
+def spans(tokenizer, ids: list[int]) -> dict[str, list[int]]:
+    """Prompt token indices of the system turn, the question and the instruction."""
+    text, parts = "", defaultdict(list)
+    for i, t in enumerate(ids):
+        text += tokenizer.decode([t])
+        if "What is" not in text:
+            parts["system + user header"].append(i)
+        elif "$?" not in text:
+            parts["question"].append(i)
+        elif "<|im_end|>" not in text[text.index("$?"):]:
+            parts["instruction (\\boxed{})"].append(i)
+        else:
+            parts["turn end + assistant header"].append(i)
+    return parts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--config", default="smollm2_rkv")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-new", type=int, default=300)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    cfg = load_config(args.config, [f"model.path={args.model}"])
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    model, tok = load_policy(args.model, dtype, args.device)
+    engine = LLMEngine(model, tok, cfg.engine, cfg.compress, args.device)
+    tracker = Positions(engine)
+    problems = load_benchmark("arithmetic", "", limit=args.prompts)
+    prompts = [prompt_token_ids(tok, p.question, "user") for p in problems]
+    outs = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=args.max_new,
+                                                   seed=0))
+    # all prompts are admitted at once, in order, so prompt i holds slot i (free slots
+    # are handed out lowest first); one that ended before any compaction has no entry
+    slot_of = {i: i for i in range(len(prompts)) if i in tracker.kept}
+    share: dict[str, list[float]] = defaultdict(list)
+    starts = []
+    for i, p in enumerate(prompts):
+        slot = slot_of.get(i)
+        if slot is None:
+            continue
+        starts.append(tracker.first[slot] - len(p))
+        heads = [set(h) for layer in tracker.kept[slot] for h in layer]
+        for name, idx in spans(tok, p).items():
+            share[name].append(sum(len(h & set(idx)) for h in heads) / (len(heads) * len(idx)))
+    report = {
+        "prompts": len(prompts), "compressed": len(starts),
+        "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
+        "response_tokens_mean": sum(len(o.token_ids) for o in outs) / len(outs),
+        "first_compression_at_response_token": sorted(starts),
+        "kept_share_at_end": {k: round(sum(v) / len(v), 3) for k, v in share.items()},
+    }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

