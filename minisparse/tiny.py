@@ -158,10 +158,28 @@ def build_tiny(cache_dir: str | Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_VERSION}-", dir=root))
     try:
         _save_tiny(tmp)
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / "config.json").is_file():  # not a lost race: a real failure
-            raise
+        _move_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _move_into_place(built: Path, target: Path) -> None:
+    """Rename a finished build to target. A target without config.json is an older,
+    interrupted build (it blocks the rename forever): it is moved aside and replaced."""
+    for _ in range(2):
+        try:
+            os.rename(built, target)
+            return
+        except OSError:
+            if (target / "config.json").is_file():  # another process won the race
+                return
+            if not target.exists():
+                raise
+            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}-stale-", dir=target.parent))
+            try:
+                os.rename(target, stale / target.name)
+            except FileNotFoundError:  # someone else moved it first
+                pass
+            shutil.rmtree(stale, ignore_errors=True)
+    os.rename(built, target)

@@ -36,6 +36,17 @@ def test_tiny_chat_template_and_roundtrip(tiny_path):
     assert build_tokenizer()(sample)["input_ids"] == ids
 
 
+def test_build_tiny_replaces_an_interrupted_build(tmp_path):
+    # What an older, non-atomic build left behind when it was killed: tokenizer, no model.
+    stale = tmp_path / build_tiny(tmp_path / "fresh").name
+    stale.mkdir()
+    (stale / "tokenizer.json").write_text("{}")
+    built = build_tiny(tmp_path)
+    assert built == stale and (built / "config.json").is_file()
+    assert json.loads((built / "tokenizer.json").read_text())["model"]["vocab"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["fresh", built.name])
+
+
 def test_build_tiny_is_cached_and_deterministic(tiny_path, tmp_path):
     assert build_tiny() == tiny_path
     stamp = (tiny_path / "config.json").stat().st_mtime_ns
