@@ -154,7 +154,7 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
             device_used_gb=device_used_gb(args.device)))
         if model is not None and args.copy_gbs > 0:
             runs[-1].update(decode_bound(s, weight_bytes_per_step(model),
-                                         kv_bytes_per_token(model, model.dtype),
+                                         kv_bytes_per_token(model.config, model.dtype),
                                          args.copy_gbs * 1e9))
         print(f"[bench {r + 1}/{args.repeats}] {backend} model={args.model} compress={args.compress} "
               f"batch={args.batch} prompt={args.prompt_len} new={args.max_new_tokens}: "

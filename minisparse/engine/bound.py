@@ -12,6 +12,7 @@ outside the bound: it is a decode bound.
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,12 +37,15 @@ def weight_bytes_per_step(model: nn.Module) -> int:
     return total
 
 
-def kv_bytes_per_token(model: nn.Module, dtype: torch.dtype) -> int:
-    """K and V bytes one cached token holds over all layers."""
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    elt = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elt
+def head_dim(config: Any) -> int:
+    """Per-head width of an HF config (explicit head_dim, else hidden / query heads)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """K and V bytes one cached token holds over all layers of an HF config's model."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim(config) * dtype.itemsize
 
 
 def copy_bandwidth(device: torch.device | str, gib: float = 2.0, repeats: int = 20) -> float:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from minisparse.config import CompressConfig, EngineConfig
+from minisparse.engine.bound import head_dim, kv_bytes_per_token
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for
@@ -235,17 +236,7 @@ class SGLangBackend:
         self.engine.shutdown()
 
 
-def _head_dim(config: Any) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    """K and V of every layer for one token (SGLang's max_total_tokens from a GiB size)."""
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * _head_dim(config) * dtype.itemsize
-
-
 def attention_backend(config: Any) -> str:
     """fa3 (FlashAttention 3, the fastest on Hopper) for the real models' head sizes;
     triton for the tiny test model's 16-wide heads, which FA3 has no kernel for."""
-    return "fa3" if _head_dim(config) in (64, 128, 256) else "triton"
+    return "fa3" if head_dim(config) in (64, 128, 256) else "triton"

@@ -27,9 +27,9 @@ def test_weight_bytes_count_tied_head_once_and_skip_untied_embedding():
 
 def test_kv_bytes_per_token():
     llama = build("llama")  # 2 layers, 2 KV heads, head_dim 16
-    assert kv_bytes_per_token(llama, torch.bfloat16) == 2 * 2 * 2 * 16 * 2
+    assert kv_bytes_per_token(llama.config, torch.bfloat16) == 2 * 2 * 2 * 16 * 2
     qwen2 = build("qwen2")  # head_dim = 64 / 4
-    assert kv_bytes_per_token(qwen2, torch.float32) == 2 * 2 * 2 * 16 * 4
+    assert kv_bytes_per_token(qwen2.config, torch.float32) == 2 * 2 * 2 * 16 * 4
 
 
 def test_decode_bound_arithmetic():
