@@ -30,6 +30,11 @@ def _chunk_stats(
     return logits, lse, logp
 
 
+def entropy_from(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) per row, given the rows' log-sum-exp: H = lse - E_p[z]."""
+    return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
 def _logits_grad(
     logits: torch.Tensor,
     lse: torch.Tensor,
@@ -66,7 +71,7 @@ class ChunkedLogprobs(torch.autograd.Function):
             e = min(n, s + chunk)
             logits, lse, logp[s:e] = _chunk_stats(hidden[s:e], weight, targets[s:e], temperature)
             if with_entropy:
-                ent[s:e] = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+                ent[s:e] = entropy_from(logits, lse)
         ctx.save_for_backward(hidden, weight, targets)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.set_materialize_grads(False)  # an unused output (entropy) costs nothing

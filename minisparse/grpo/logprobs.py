@@ -16,7 +16,7 @@ from torch import nn
 
 from minisparse.grpo.attention import NAME as VARLEN, packing_kwargs
 from minisparse.grpo.batching import pack_by_tokens
-from minisparse.grpo.fused_logprobs import fused_logprobs
+from minisparse.grpo.fused_logprobs import entropy_from, fused_logprobs
 
 
 def pack_sequences(
@@ -47,11 +47,7 @@ def token_logprobs(
     logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = lse - (probs * logits).sum(-1)
-    return logp, entropy
+    return logp, entropy_from(logits, lse) if with_entropy else None
 
 
 @torch.no_grad()
@@ -61,8 +57,7 @@ def entropy_metric(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     parts = []
     for rows in torch.split(logits.detach(), chunk):
         rows = rows.float()
-        lse = torch.logsumexp(rows, dim=-1)
-        parts.append(lse - (torch.softmax(rows, dim=-1) * rows).sum(-1))
+        parts.append(entropy_from(rows, torch.logsumexp(rows, dim=-1)))
     return torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
 
 
