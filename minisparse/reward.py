@@ -202,6 +202,7 @@ def _run_with_deadline(fn: Callable[[], T], seconds: float) -> T:
 def grade(response: str, label: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Grade:
     """Score one response; never raises (bad input, sympy errors, timeouts -> 0.0)."""
     try:
+        _warm_up()  # once per process, outside the deadline (see _warm_up)
         answer = extract_answer(response) if isinstance(response, str) else ""
         label = label.strip() if isinstance(label, str) else ""
         if not answer or not label:
@@ -264,7 +265,6 @@ def grade_batch(responses: Sequence[str], labels: Sequence[str],
     default_workers(); 1: in this process), in order."""
     if len(responses) != len(labels):
         raise ValueError(f"{len(responses)} responses but {len(labels)} labels")
-    _warm_up()
     start = time.perf_counter()
     pairs = list(zip(responses, labels))
     workers = default_workers() if workers is None else workers
