@@ -165,10 +165,11 @@ def run(args: argparse.Namespace) -> int:
         print(dump_config(dataclasses.replace(cfg, eval=eval_cfg)), end="")
         return 0
     problems = load_benchmarks(eval_cfg.benchmarks, eval_cfg.data_dir, eval_cfg.limit)
-    from minisparse.engine import make_backend
+    from minisparse.engine import check_backend, make_backend
     from minisparse.evaluation import check_prompt_template, evaluate, format_table
     from minisparse.models import load_policy
 
+    check_backend(cfg)
     device = _device(args.device)
     model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     check_prompt_template(tokenizer, eval_cfg.prompt_template)

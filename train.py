@@ -37,7 +37,7 @@ from minisparse.config import Config, ConfigError
 from minisparse.config_cli import add_config_args, config_from_args
 from minisparse.config_load import config_to_dict
 from minisparse.data import DataError, PromptRow, PromptSampler, load_prompts, require_data_file
-from minisparse.engine import RolloutBackend, make_backend
+from minisparse.engine import RolloutBackend, check_backend, make_backend
 from minisparse.evaluation import Shard, check_prompt_template, evaluate, flat_metrics
 from minisparse.grpo import distributed as dist
 from minisparse.grpo.advantages import group_advantages
@@ -109,7 +109,9 @@ def parse_args() -> tuple[Config, argparse.Namespace]:
 
 def check_inputs(cfg: Config) -> dict | None:
     """Input files that a run reads later must fail now, before any model is loaded: the
-    training data, and the benchmarks of in-training evaluation (returned, read in full)."""
+    training data, and the benchmarks of in-training evaluation (returned, read in full).
+    The rollout backend's own install is checked here too."""
+    check_backend(cfg)
     require_data_file(cfg.data.path)
     if not cfg.eval_interval:
         return None

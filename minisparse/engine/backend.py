@@ -35,6 +35,14 @@ class RolloutBackend(Protocol):
         ...
 
 
+def check_backend(cfg: Config) -> None:
+    """Fails before any model is loaded when this install cannot run cfg.engine.backend."""
+    if cfg.engine.backend == "sglang":
+        from minisparse.engine.sglang_backend import require_sglang
+
+        require_sglang()
+
+
 def make_backend(cfg: Config, model: nn.Module, tokenizer: Any,
                  device: torch.device | str) -> RolloutBackend:
     """The backend cfg.engine.backend names, over `model`'s current weights."""

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minisparse.config import CompressConfig, EngineConfig
+from minisparse.config import CompressConfig, ConfigError, EngineConfig
 from minisparse.engine.bound import head_dim, kv_bytes_per_token
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.engine import eos_token_ids
@@ -125,17 +125,27 @@ def launcher_env_hidden() -> Iterator[None]:
         os.environ.update(saved)
 
 
+class SGLangMissingError(ImportError, ConfigError):
+    """engine.backend=sglang on an install without SGLang (a config the machine can't run)."""
+
+
+def require_sglang() -> Any:
+    """The sglang module, imported only here: CPU installs (and CI) have no SGLang."""
+    try:
+        import sglang
+    except ImportError as exc:
+        raise SGLangMissingError("engine.backend=sglang needs SGLang 0.5.16 (requirements-gpu"
+                                 ".txt: MINISPARSE_GPU=1 bash install.sh)") from exc
+    return sglang
+
+
 class SGLangBackend:
     """One sglang.Engine on this process's GPU, colocated with the trainer."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, cfg: EngineConfig,
                  compress: CompressConfig | None, device: torch.device | str, dtype: str,
                  seed: int = 0, deterministic: bool = False, **overrides: Any) -> None:
-        try:
-            import sglang  # imported here: CPU installs (and CI) have no SGLang
-        except ImportError as exc:
-            raise ImportError("engine.backend=sglang needs SGLang 0.5.16 (requirements-gpu.txt:"
-                              " MINISPARSE_GPU=1 bash install.sh)") from exc
+        sglang = require_sglang()
         if compress is not None and compress.algorithm != "none":
             raise ValueError("the SGLang backend is dense only: SGLang cannot free evicted "
                              "tokens; use the native engine for compressed rollouts")

@@ -17,7 +17,8 @@ import fake_sglang
 from minisparse.config import ConfigError
 from minisparse.config_load import load_config
 from minisparse.config import EngineConfig
-from minisparse.engine import LLMEngine, RolloutBackend, SamplingParams, make_backend
+from minisparse.engine import (LLMEngine, RolloutBackend, SamplingParams, check_backend,
+                               make_backend)
 from minisparse.engine import bench
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for
@@ -131,6 +132,20 @@ def test_missing_sglang_says_how_to_install_it(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", None)
     with pytest.raises(ImportError, match="requirements-gpu.txt"):
         _backend(tiny)
+
+
+def test_a_missing_sglang_fails_before_any_model_is_loaded(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    check_backend(load_config("tiny_dense"))  # native: nothing to check
+    with pytest.raises(ConfigError, match="MINISPARSE_GPU=1 bash install.sh"):
+        check_backend(load_config("tiny_dense", ["engine.backend=sglang"]))
+    spec = importlib.util.spec_from_file_location("eval_cli", ROOT / "eval.py")
+    eval_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eval_cli)
+    monkeypatch.setattr("minisparse.models.load_policy", lambda *a: pytest.fail("model loaded"))
+    code = eval_cli.main(["--model", "tiny", "--backend", "sglang", "--benchmarks", "arithmetic",
+                          "--limit", "2", "--output", str(tmp_path / "r")])
+    assert code == 2 and "needs SGLang" in capsys.readouterr().err
 
 
 def test_dense_only_and_cuda_only(tiny, fake):
