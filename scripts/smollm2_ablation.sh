@@ -8,6 +8,7 @@
 #
 #   bash scripts/smollm2_ablation.sh                 # needs checkpoints/smollm2-135m-instruct
 #   TRAIN_S=1800 ROLLOUTS=60 bash scripts/smollm2_ablation.sh
+#   EVAL=0 ...; then TRAIN=0 ... # train in one command, score in the next (or resume)
 #   PACK=$OUT/ablation.tgz bash scripts/smollm2_ablation.sh   # metrics, logs, evals packed
 #       on any exit, also when a time limit stops it (checkpoints and TensorBoard left out)
 set -uo pipefail
@@ -34,11 +35,14 @@ train() {  # name port config [overrides]
 }
 VARIANTS=${VARIANTS:-dense rkv_naive rkv snapkv}
 on() { [[ " $VARIANTS " == *" $1 "* ]]; }
-on dense && train dense 29501 smollm2_dense &
-on rkv_naive && train rkv_naive 29502 smollm2_rkv $NAIVE &
-on rkv && train rkv 29503 smollm2_rkv &
-on snapkv && train snapkv 29504 smollm2_snapkv &
-wait
+if [ "${TRAIN:-1}" = 1 ]; then  # a second command with the same ROOT resumes each run
+    on dense && train dense 29501 smollm2_dense &
+    on rkv_naive && train rkv_naive 29502 smollm2_rkv $NAIVE &
+    on rkv && train rkv 29503 smollm2_rkv &
+    on snapkv && train snapkv 29504 smollm2_snapkv &
+    wait
+fi
+[ "${EVAL:-1}" = 1 ] || exit 0
 
 evaluate() {  # label model config
     timeout "${EVAL_S:-3600}" python eval.py --config "$3" --model "$2" --benchmarks arithmetic --prompt-template user \

@@ -25,7 +25,8 @@ pytestmark = [
     pytest.mark.skipif(not (MODEL / "config.json").is_file(), reason=f"no model at {MODEL}"),
 ]
 # A trained model's logits reach |20|, where bf16 values are 0.125 apart (0.0625 in
-# [8, 16)); two such steps are what kernel-order differences can move a near-tie by.
+# [8, 16)); two such steps are what kernel-order differences can move a near-tie by
+# (an H200 run hit exactly 0.25, so the bound is inclusive).
 # (0.1, the slack of the random-weight tests, failed here at 0.125 on the first prompt.)
 NEW, PROMPTS, ARGMAX_SLACK = 128, 16, 0.25
 
@@ -51,7 +52,7 @@ def test_engine_greedy_equals_transformers_generate():
         ref = hf_greedy(model, p, NEW)
         rows = dense_logprobs(model, p, o.token_ids, full=True)
         chosen = rows.gather(-1, torch.tensor(o.token_ids, device=rows.device)[:, None])[:, 0]
-        assert (rows.max(-1).values - chosen).max() < ARGMAX_SLACK
+        assert (rows.max(-1).values - chosen).max() <= ARGMAX_SLACK
         # hf_greedy's min_new_tokens bans eos, which the engine (ignore_eos) may pick:
         # compare up to the engine's first end-of-turn token
         end = next((i for i, t in enumerate(o.token_ids) if t in engine.eos_ids), NEW)
@@ -60,7 +61,7 @@ def test_engine_greedy_equals_transformers_generate():
         if n < end:
             first_diff.append(n)
             top2 = rows[n].topk(2).values
-            assert top2[0] - top2[1] < ARGMAX_SLACK, (n, top2)  # a near-tie, not a bug
+            assert top2[0] - top2[1] <= ARGMAX_SLACK, (n, top2)  # a near-tie, not a bug
     print(json.dumps({"prompts": PROMPTS, "new_tokens": NEW, "identical": same,
                       "first_difference_at": first_diff}))
     assert same >= PROMPTS // 2
