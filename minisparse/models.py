@@ -47,13 +47,15 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
 DTYPES = choices(Dtype)
 
 
-def shape_config(name: str):
-    """The transformers config of a named shape (Qwen2Config or LlamaConfig)."""
+def shape_config(name: str, **overrides: Any):
+    """The transformers config of a named shape (Qwen2Config or LlamaConfig). Overrides go
+    to the constructor: setting num_hidden_layers afterwards leaves layer_types at the
+    full depth, which a save/reload (the SGLang backend's) then rejects."""
     from transformers import LlamaConfig, Qwen2Config
 
     family, kwargs = SHAPES[name]
     cls = Qwen2Config if family == "qwen2" else LlamaConfig
-    return cls(**kwargs)
+    return cls(**(kwargs | overrides))
 
 
 def _torch_dtype(dtype: str):

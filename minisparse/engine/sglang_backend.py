@@ -74,6 +74,20 @@ def memory_fraction(kv_fraction: float, weight_bytes: int, free_bytes: int) -> f
     return min(kv_fraction + w - kv_fraction * w, 0.99)
 
 
+def token_budget(config: Any, cfg: EngineConfig, dtype: torch.dtype) -> int:
+    """SGLang's max_total_tokens: kv_memory_gb's worth of tokens where set, and never more
+    than max_num_seqs full-length sequences. Without that cap a small model's pool spans
+    hundreds of millions of tokens (0.8 of an H200 at a few hundred bytes each), and
+    SGLang's flush_cache re-allocates an int64 slot per token (3.45 GiB for the tiny config,
+    which ran the GPU out of memory at the first weight push)."""
+    max_len = min(cfg.max_model_len or config.max_position_embeddings,
+                  config.max_position_embeddings)
+    cap = cfg.max_num_seqs * max_len
+    if cfg.kv_memory_gb > 0:
+        return min(cap, int(cfg.kv_memory_gb * 2**30 // kv_bytes_per_token(config, dtype)))
+    return cap
+
+
 def request_params(params: SamplingParams, stop_ids: set[int], seed: int) -> dict:
     """One request's SGLang sampling dict: the native stop set (eos + end-of-turn markers
     + params.stop_token_ids) and a per-sample seed (used in deterministic mode)."""
@@ -177,9 +191,7 @@ class SGLangBackend:
             max_prefill_tokens=cfg.max_prefill_tokens,
             disable_cuda_graph=not cfg.cuda_graphs,
             enable_deterministic_inference=deterministic, log_level="error")
-        if cfg.kv_memory_gb > 0:
-            kwargs["max_total_tokens"] = int(cfg.kv_memory_gb * 2**30 // kv_bytes_per_token(
-                model.config, self.dtype))
+        kwargs["max_total_tokens"] = token_budget(model.config, cfg, self.dtype)
         return kwargs
 
     # ---- phase control ------------------------------------------------------------------

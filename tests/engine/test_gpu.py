@@ -28,8 +28,7 @@ def three_b_4_layers() -> torch.nn.Module:
 
     from minisparse.models import shape_config
 
-    cfg = shape_config("qwen2.5-3b")
-    cfg.num_hidden_layers = 4
+    cfg = shape_config("qwen2.5-3b", num_hidden_layers=4)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen2ForCausalLM(cfg).to(BF16).eval()

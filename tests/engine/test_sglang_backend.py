@@ -102,7 +102,8 @@ def test_engine_kwargs_colocate_on_this_gpu_with_ids_only_io(tiny, fake):
     assert kw["base_gpu_id"] == 1 and kw["tp_size"] == 1 and kw["random_seed"] == 5
     assert kw["skip_tokenizer_init"] and kw["enable_memory_saver"]
     assert kw["max_running_requests"] == 7 and kw["max_prefill_tokens"] == 999
-    assert kw["disable_cuda_graph"] and "max_total_tokens" not in kw
+    assert kw["disable_cuda_graph"]
+    assert kw["max_total_tokens"] == 7 * tiny[0].config.max_position_embeddings
     assert kw["attention_backend"] == "triton"  # the tiny model's 16-wide heads
     assert attention_backend(shape_config("qwen2.5-3b")) == "fa3"
     config = AutoConfig.from_pretrained(kw["model_path"])
@@ -112,12 +113,17 @@ def test_engine_kwargs_colocate_on_this_gpu_with_ids_only_io(tiny, fake):
 
 
 def test_kv_memory_gb_becomes_a_token_count(tiny, fake):
-    _backend(tiny, kv_memory_gb=1.0)
+    _backend(tiny, kv_memory_gb=1.0, max_num_seqs=4)
     c = tiny[0].config
     per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size //
                                                                    c.num_attention_heads) * 4
     assert kv_bytes_per_token(c, torch.float32) == per_token
-    assert fake.instances[0].kwargs["max_total_tokens"] == GIB // per_token
+    cap = 4 * c.max_position_embeddings
+    assert GIB // per_token > cap  # a small model: full-length sequences bound the pool
+    assert fake.instances[0].kwargs["max_total_tokens"] == cap
+    _backend(tiny, kv_memory_gb=1e-4, max_model_len=64, max_num_seqs=512)
+    assert int(1e-4 * GIB) // per_token < 512 * 64  # here the memory is the bound
+    assert fake.instances[1].kwargs["max_total_tokens"] == int(1e-4 * GIB) // per_token
 
 
 def test_memory_fraction_leaves_the_native_share_of_post_weight_memory_to_kv():
