@@ -10,7 +10,8 @@
 # .stage/deps, see ../shared/gpu/README.md; SGLang's parts must be installed beforehand):
 #
 #   bash scripts/gpu_sglang_check.sh                  # everything; logs under $OUT or /tmp
-#   STEPS=bench bash scripts/gpu_sglang_check.sh      # only the bench (or STEPS=train)
+#   STEPS=bench bash scripts/gpu_sglang_check.sh      # only the bench (or STEPS=train;
+#                                                      STEPS=train3b: only the 3B run)
 #   REPEATS=3 bash scripts/gpu_sglang_check.sh        # timed bench repeats per backend
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,9 +42,10 @@ for row in (json.loads(line) for line in open(sys.argv[1])):
         g = lambda k: row.get(f"mem/{p}_{k}", float("nan"))
         print(f"{p:16s} {row['time/' + p + '_s']:8.2f} {g('peak_gib'):8.2f} "
               f"{g('end_gib'):8.2f} {g('reserved_gib'):9.2f}")
-    for k in sorted(k for k in row if k.startswith(("mismatch/", "tis/", "rs/")))
-             + ["perf/rollout_tokens", "perf/rollout_tokens_per_s",
-                "rollout/response_len_mean", "train/grad_norm", "train/pg_loss"]:
+    keys = sorted(k for k in row if k.startswith(("mismatch/", "tis/", "rs/")))
+    keys += ["perf/rollout_tokens", "perf/rollout_tokens_per_s",
+             "rollout/response_len_mean", "train/grad_norm", "train/pg_loss"]
+    for k in keys:
         print(f"{k:34s} {row.get(k, float('nan')):.6g}")
 PY
 }
@@ -59,8 +61,10 @@ train() {  # NAME CONFIG OVERRIDES...
     summary "$LOGS/$name/metrics.jsonl" | tee "$LOGS/$name.summary"
 }
 
-if [[ $STEPS == *train* ]]; then
+if [[ $STEPS == *train* ]] && [[ $STEPS != *train3b* ]]; then
     train tiny_sglang tiny_dense --set num_rollout=2 --set model.dtype=bfloat16
+fi
+if [[ $STEPS == *train* ]]; then
     train qwen3b_dense_sglang qwen3b_dense --set model.path=qwen2.5-3b \
         --set data.path=synthetic --set data.synthetic_size=256 --set num_rollout=2 \
         --set rollout_batch_size=16 --set n_samples_per_prompt=8 --set global_batch_size=64 \
