@@ -15,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${ROOT:-outputs/ablation}
 TRAIN_S=${TRAIN_S:-280}
-ROLLOUTS=${ROLLOUTS:-30}
+ROLLOUTS=${ROLLOUTS:-80}
 KV_GB=${KV_GB:-6}
 BASE=${BASE:-checkpoints/smollm2-135m-instruct}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
