@@ -113,6 +113,11 @@ class EngineConfig:
     max_model_len: Count | None = None  # None: the model's max_position_embeddings
     cuda_graphs: bool = True
 
+    def context_len(self, max_position: int) -> int:
+        """Longest sequence (prompt + response) a backend serves for a model whose
+        positions end at max_position: max_model_len, never past the model's own limit."""
+        return min(self.max_model_len or max_position, max_position)
+
 
 @dataclass
 class OptimConfig:

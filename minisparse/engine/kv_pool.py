@@ -35,7 +35,7 @@ class KVPool:
         self.lm, self.cfg, self.device = lm, cfg, device
         self.page_size = cfg.page_size
         self.window = window
-        self.max_model_len = min(cfg.max_model_len or lm.max_position, lm.max_position)
+        self.max_model_len = cfg.context_len(lm.max_position)
         self.k = self.v = self.q_ring = self.page_table = None
         self.num_pages = 0
 

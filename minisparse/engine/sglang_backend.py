@@ -80,9 +80,7 @@ def token_budget(config: Any, cfg: EngineConfig, dtype: torch.dtype) -> int:
     hundreds of millions of tokens (0.8 of an H200 at a few hundred bytes each), and
     SGLang's flush_cache re-allocates an int64 slot per token (3.45 GiB for the tiny config,
     which ran the GPU out of memory at the first weight push)."""
-    max_len = min(cfg.max_model_len or config.max_position_embeddings,
-                  config.max_position_embeddings)
-    cap = cfg.max_num_seqs * max_len
+    cap = cfg.max_num_seqs * cfg.context_len(config.max_position_embeddings)
     if cfg.kv_memory_gb > 0:
         return min(cap, int(cfg.kv_memory_gb * 2**30 // kv_bytes_per_token(config, dtype)))
     return cap
