@@ -56,27 +56,20 @@ newest() {  # rollout number of the newest complete checkpoint (0: none)
 if [ -n "${STOP_AFTER:-}" ]; then  # Ctrl-C once that checkpoint is complete, mid next rollout
     while kill -0 $run 2>/dev/null && [ "$(newest)" -lt "$STOP_AFTER" ]; do sleep 0.5; done
     sleep "${STOP_DELAY_S:-20}"
-    pkill -INT -f "torchrun --standalone --nproc_per_node $NPROC train.py" \
-        && echo "interrupted with SIGINT after checkpoint rollout $(newest) was complete"
+    kill -INT $run && echo "interrupted with SIGINT after checkpoint rollout $(newest) was complete"
 fi
 wait $run
 echo "train exit $? (log: $LOG)"; tail -3 "$LOG"
 
+[ -f "$RUN_DIR/metrics.jsonl" ] && python3 scripts/phase_table.py "$RUN_DIR/metrics.jsonl" \
+    --prefix perf/ --prefix eval/ --key rollout/response_len_mean \
+    --key compress/peak_cache_tokens_mean --key mismatch/kl_k1 --key rs/kept_token_frac
 python3 - "$RUN_DIR" <<'PY'
 import json, sys
 from pathlib import Path
 run = Path(sys.argv[1])
-rows = [json.loads(line) for line in open(run / "metrics.jsonl")] if (run / "metrics.jsonl").exists() else []
-for row in rows:
-    print(f"--- rollout {row['rollout']}: phase, seconds, GPU memory per phase (GiB, this rank)")
-    for p in [k[5:-2] for k in row if k.startswith("time/")]:
-        g = lambda k: row.get(f"mem/{p}_{k}", float("nan"))
-        print(f"  {p:16s} {row['time/' + p + '_s']:8.2f}  peak {g('peak_gib'):6.2f}  "
-              f"end {g('end_gib'):6.2f}  reserved {g('reserved_gib'):6.2f}")
-    keys = [k for k in row if k.startswith(("perf/", "eval/"))] + ["rollout/response_len_mean",
-            "compress/peak_cache_tokens_mean", "mismatch/kl_k1", "rs/kept_token_frac"]
-    print("  " + "  ".join(f"{k}={row[k]:.4g}" for k in keys if k in row))
-got = [row["rollout"] for row in rows]
+metrics = run / "metrics.jsonl"
+got = [json.loads(line)["rollout"] for line in open(metrics)] if metrics.exists() else []
 print(f"rollouts in metrics.jsonl: {got} -> "
       + ("continuous" if got == list(range(1, len(got) + 1)) else "NOT CONTINUOUS"))
 ckpts = sorted(p.name for p in (run / "checkpoints").glob("rollout_*") if (p / "COMPLETE").exists())

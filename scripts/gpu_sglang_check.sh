@@ -33,21 +33,9 @@ if [[ $STEPS == *bench* ]]; then
 fi
 
 summary() {  # phase times / memory / mismatch of each rollout in a metrics.jsonl
-python3 - "$1" <<'PY'
-import json, sys
-for row in (json.loads(line) for line in open(sys.argv[1])):
-    print(f"--- rollout {row['rollout']}: phase times (s), GPU memory (GiB)")
-    print(f"{'phase':16s} {'time_s':>8s} {'peak_gb':>8s} {'end_gb':>8s} {'reserved':>9s}")
-    for p in [k[5:-2] for k in row if k.startswith("time/")]:
-        g = lambda k: row.get(f"mem/{p}_{k}", float("nan"))
-        print(f"{p:16s} {row['time/' + p + '_s']:8.2f} {g('peak_gib'):8.2f} "
-              f"{g('end_gib'):8.2f} {g('reserved_gib'):9.2f}")
-    keys = sorted(k for k in row if k.startswith(("mismatch/", "tis/", "rs/")))
-    keys += ["perf/rollout_tokens", "perf/rollout_tokens_per_s",
-             "rollout/response_len_mean", "train/grad_norm", "train/pg_loss"]
-    for k in keys:
-        print(f"{k:34s} {row.get(k, float('nan')):.6g}")
-PY
+    python3 scripts/phase_table.py "$1" --prefix mismatch/ --prefix tis/ --prefix rs/ \
+        --key perf/rollout_tokens --key perf/rollout_tokens_per_s \
+        --key rollout/response_len_mean --key train/grad_norm --key train/pg_loss
 }
 
 train() {  # NAME CONFIG OVERRIDES...

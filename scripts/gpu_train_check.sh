@@ -28,20 +28,7 @@ torchrun --standalone --nproc_per_node "${NPROC:-1}" train.py --config qwen3b_rk
     --set max_tokens_per_gpu=16384 --set model.gradient_checkpointing=true \
     --set save_interval=0 --set resume=never \
     --set log.tensorboard=false --set output_dir="$OUT_DIR" "$@"
-python3 - "$OUT_DIR/metrics.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-for row in rows:
-    print(f"--- rollout {row['rollout']}: phase times (s), GPU memory (GiB)")
-    phases = [k[5:-2] for k in row if k.startswith("time/")]
-    print(f"{'phase':16s} {'time_s':>8s} {'peak_gib':>8s} {'end_gib':>8s} {'reserved':>9s}")
-    for p in phases:
-        g = lambda k: row.get(f"mem/{p}_{k}", float("nan"))
-        print(f"{p:16s} {row['time/' + p + '_s']:8.2f} {g('peak_gib'):8.2f} {g('end_gib'):8.2f} {g('reserved_gib'):9.2f}")
-    for k in ("perf/rollout_tokens", "perf/rollout_tokens_per_s", "perf/peak_kv_tokens",
-              "rollout/response_len_mean", "compress/compressions_per_sample",
-              "train/micro_batches", "train/grad_norm", "train/pg_loss", "rs/kept_token_frac",
-              "perf/logprobs_tflops", "perf/logprobs_mfu", "perf/update_tflops", "perf/update_mfu",
-              "mismatch/kl_k3"):
-        print(f"{k:34s} {row.get(k, float('nan')):.6g}")
-PY
+python3 scripts/phase_table.py "$OUT_DIR/metrics.jsonl" --prefix perf/ \
+    --key rollout/response_len_mean --key compress/compressions_per_sample \
+    --key train/micro_batches --key train/grad_norm --key train/pg_loss \
+    --key rs/kept_token_frac --key mismatch/kl_k3

@@ -4,8 +4,9 @@ first end-of-turn token: transformers is kept from emitting one, the engine is n
 CUDA or without the model (python -m minisparse.download --model smollm2-135m-instruct
 --out checkpoints/; or MINISPARSE_SMOLLM2=DIR).
 
-Where the two differ, bf16 near-ties are the only accepted cause: every engine token must be (near-)argmax of a teacher-forced
-transformers forward, and the first differing step must be a near-tie there.
+Where the two differ, bf16 near-ties are the only accepted cause: every engine token must
+be (near-)argmax of a teacher-forced transformers forward, and the first differing step
+must be a near-tie there.
 """
 from __future__ import annotations
 
