@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 
 import torch
@@ -193,5 +194,20 @@ def device_used_gb(device: str) -> float:
     return (total - free) / 2**30
 
 
+def main(argv: list[str] | None = None) -> None:
+    """Like train.py and eval.py, a missing SGLang fails before any model is loaded (and,
+    with --backend both, before the native run it would otherwise spend)."""
+    args = parse_args(argv)
+    if args.backend != "native":
+        from minisparse.engine.sglang_backend import SGLangMissingError, require_sglang
+
+        try:
+            require_sglang()
+        except SGLangMissingError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+    run(args)
+
+
 if __name__ == "__main__":
-    run(parse_args())
+    main()

@@ -1,9 +1,12 @@
 """The bench entry point on CPU: warm-up, repeats and the JSON a user records."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
-from minisparse.engine.bench import median_run, parse_args, run, warmup_tokens
+import pytest
+
+from minisparse.engine.bench import main, median_run, parse_args, run, warmup_tokens
 
 
 def test_median_run_picks_the_middle_tokens_per_s():
@@ -40,3 +43,15 @@ def test_old_flag_spellings_stay_aliases():
     old = parse_args(["--max-new", "7", "--kv-fraction", "0.3"])
     assert vars(new) == vars(old)
     assert (new.max_new_tokens, new.kv_memory_fraction) == (7, 0.3)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang installed")
+@pytest.mark.parametrize("backend", ["sglang", "both"])
+def test_missing_sglang_exits_2_before_loading_a_model(backend, capsys, monkeypatch):
+    import minisparse.engine.bench as bench
+
+    monkeypatch.setattr(bench, "build", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--backend", backend, "--device", "cpu"])
+    assert exit_info.value.code == 2
+    assert "needs SGLang 0.5.16" in capsys.readouterr().err
