@@ -112,6 +112,9 @@ class EngineConfig:
     max_prefill_tokens: Count = 16384  # tokens per prefill batch
     max_model_len: Count | None = None  # None: the model's max_position_embeddings
     cuda_graphs: bool = True
+    # Launch decode step N + 1 before reading step N's tokens, so the host's per-step work
+    # overlaps the device's (same tokens either way; see LLMEngine._decode).
+    overlap_decode: bool = True
 
     def context_len(self, max_position: int) -> int:
         """Longest sequence (prompt + response) a backend serves for a model whose

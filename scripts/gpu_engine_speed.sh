@@ -3,10 +3,14 @@
 #   STEPS=kernels   the fused-sampler GPU tests against the PyTorch reference
 #   STEPS=quick     bench 256 x 1024 (dense, R-KV 512/128), this tree and BEFORE (if set);
 #                   with 'ablate' also this tree with MINISPARSE_ENGINE_KERNELS=0
-#   STEPS=profile   scripts/profile_engine.py, dense and R-KV, batch 256
+#   STEPS=profile   scripts/profile_engine.py, dense and R-KV, batch 256 (PROFILE_WARMUP
+#                   decode steps first: 440 puts R-KV's first compression event inside
+#                   the profiled window)
 #   STEPS=exact     the engine's GPU exactness tests (tests/engine/test_gpu.py)
 #   STEPS=full      bench 256 x 4096 dense and R-KV (REPEATS runs), this tree and BEFORE
 #   STEPS=big       R-KV 512/128 with 1,024 sequences x NEW_BIG tokens
+#   STEPS=serial    bench 256 x 4096 dense and R-KV once with --no-overlap (the ablation
+#                   of overlapped decode steps)
 # BEFORE: another checkout (the baseline) benched in the same command; logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,13 +21,14 @@ STEPS=${STEPS:-kernels,quick,profile}
 PROFILE_MODES=${PROFILE_MODES:-dense rkv}
 REPEATS=${REPEATS:-3}
 NEW_BIG=${NEW_BIG:-4096}
+PROFILE_WARMUP=${PROFILE_WARMUP:-256}
 COMMON="--model qwen2.5-3b --device cuda --prompt-len 160 --warmup 32"
 RKV="--compress rkv --budget 512 --divide-length 128"
 
 bench() {  # name dir args...
     local name=$1 dir=$2; shift 2
     (cd "$dir" && timeout "${BENCH_S:-150}" python3 -m minisparse.engine.bench $COMMON "$@" --json "$LOGS/$name.json") \
-        2>&1 | grep -v Warning | tee "$LOGS/$name.log" | grep "^\[bench"
+        2>&1 | grep -v Warning | tee "$LOGS/$name.log" | grep "^\[\(bench\|phases\)"
 }
 
 if [[ $STEPS == *kernels* ]]; then  # compiled kernels; one process each (no interpreter)
@@ -45,7 +50,7 @@ if [[ $STEPS == *profile* ]]; then
     for mode in $PROFILE_MODES; do
         extra=""; [[ $mode == rkv ]] && extra=$RKV
         timeout 80 python3 scripts/profile_engine.py $COMMON --batch 256 --max-new 1024 \
-            --warmup 256 --steps 32 --top 18 $extra 2>&1 | grep -v Warning | tee "$LOGS/profile_$mode.log" | tail -32
+            --warmup "$PROFILE_WARMUP" --steps 32 --top 18 $extra 2>&1 | grep -v Warning | tee "$LOGS/profile_$mode.log" | tail -32
     done
 fi
 [[ $STEPS == *exact* ]] && timeout "${EXACT_S:-150}" python3 -m pytest -q tests/engine/test_gpu.py \
@@ -56,6 +61,12 @@ if [[ $STEPS == *full* ]]; then
         bench "full_${mode}_after" . --batch 256 --max-new 4096 --repeats "$REPEATS" $extra
         [[ -n ${BEFORE:-} ]] && bench "full_${mode}_before" "$BEFORE" --batch 256 --max-new 4096 \
             --repeats "${BEFORE_REPEATS:-1}" $extra
+    done
+fi
+if [[ $STEPS == *serial* ]]; then
+    for mode in dense rkv; do
+        extra=""; [[ $mode == rkv ]] && extra=$RKV
+        bench "full_${mode}_serial" . --batch 256 --max-new 4096 --repeats 1 --no-overlap $extra
     done
 fi
 [[ $STEPS == *big* ]] && bench big_rkv_after . --batch 1024 --max-num-seqs 1024 \

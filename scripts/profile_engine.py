@@ -11,6 +11,7 @@ generate() call, after --warmup decode steps:
   2. runs torch.profiler over the next --steps decode steps and prints the top kernels by
      total device time (CPU ops by self time when there is no GPU).
 Then stops the generation (the rest of --max-new is not run). Output is kept short.
+Steps run without overlap (overlap_decode off), so that each one can be split.
 """
 from __future__ import annotations
 
@@ -66,15 +67,16 @@ def main(argv: list[str] | None = None) -> None:
     first, last_timed = ours.warmup, ours.warmup + ours.steps
     last_prof = last_timed + (0 if ours.no_profiler else ours.steps)
 
-    real_step, real_decode = engine._step, runner.decode
-    real_sample, real_to_host, real_compress = runner._sample, runner._to_host, engine._compress
+    real_step, real_launch = engine._step, runner.launch
+    real_sample, real_collect, real_compress = runner._sample, runner.collect, engine._compress
+    engine.cfg.overlap_decode = False  # one decode step per _step, so each can be split
 
-    def decode(seqs, sp):
+    def launch(seqs, sp, inputs):
         state["decoded"] = True
         rec = state["rec"]
         if rec is not None:
             rec["batch"] = len(seqs)
-        return real_decode(seqs, sp)
+        return real_launch(seqs, sp, inputs)
 
     def forward_start(fn):
         def wrapped(*a, **k):
@@ -145,8 +147,8 @@ def main(argv: list[str] | None = None) -> None:
         return real_compact(*a, **k)
 
     engine_mod.compact = compact
-    runner.decode = decode
-    runner._sample, runner._to_host = timed_sample(real_sample), timed_sample(real_to_host)
+    runner.launch = launch
+    runner._sample, runner.collect = timed_sample(real_sample), timed_sample(real_collect)
     if runner.graphs is not None:
         runner.graphs.run = forward_start(runner.graphs.run)
     model_runner.decode_forward = forward_start(model_runner.decode_forward)

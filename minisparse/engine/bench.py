@@ -20,7 +20,8 @@ import torch
 from minisparse.compression import max_cache_tokens
 from minisparse.config import Algorithm, Backend, CompressConfig, Dtype, EngineConfig, choices
 from minisparse.engine import LLMEngine, SamplingParams
-from minisparse.engine.bound import (copy_bandwidth, decode_bound, kv_bytes_per_token,
+from minisparse.engine.bound import (copy_bandwidth, decode_bound, decode_roofline,
+                                     kv_bytes_per_token, matmul_throughput,
                                      weight_bytes_per_step)
 
 
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs)
     p.add_argument("--max-prefill-tokens", type=int, default=e.max_prefill_tokens)
     p.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="read each decode step's tokens before launching the next")
     p.add_argument("--repeats", type=int, default=1,
                    help="timed runs; the JSON's top-level numbers are the median run's")
     p.add_argument("--warmup", type=int, default=32,
@@ -58,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--copy-gbs", type=float, default=0.0,
                    help="copy bandwidth (GB/s, read + written) for the bound; 0: measure "
                         "on CUDA, no bound on CPU")
+    p.add_argument("--matmul-tflops", type=float, default=0.0,
+                   help="bf16 GEMM throughput (TFLOP/s) for the roofline; 0: measure on "
+                        "CUDA, no roofline on CPU")
     p.add_argument("--json", default=None, help="write the results here")
     return p.parse_args(argv)
 
@@ -80,7 +86,8 @@ def build(args: argparse.Namespace, backend: str = "native"):
     engine_cfg = EngineConfig(
         page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
         kv_memory_fraction=args.kv_memory_fraction, max_num_seqs=args.max_num_seqs,
-        max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs)
+        max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs,
+        overlap_decode=not args.no_overlap)
     if backend == "sglang":
         from minisparse.engine.sglang_backend import SGLangBackend
 
@@ -117,6 +124,9 @@ def run(args: argparse.Namespace) -> dict:
         args.copy_gbs = copy_bandwidth(args.device) / 1e9
         print(f"[bench] device-to-device copy: {args.copy_gbs:.0f} GB/s (read + written)",
               flush=True)
+    if args.matmul_tflops <= 0 and args.device.startswith("cuda"):
+        args.matmul_tflops = matmul_throughput(args.device) / 1e12
+        print(f"[bench] bf16 8192^3 GEMM: {args.matmul_tflops:.0f} TFLOP/s", flush=True)
     if args.backend != "both":
         result = run_backend(args, args.backend)
     else:
@@ -150,13 +160,23 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
             peak_kv_tokens_per_seq=max(o.peak_cache_tokens for o in outs),
             peak_pages_used=s.peak_pages_used, preemptions=s.preemptions,
             compressions=s.compressions, evicted_tokens=s.evicted_tokens,
+            **phase_split(s),
             peak_gpu_memory_gb=(torch.cuda.max_memory_allocated() / 2**30
                                 if args.device.startswith("cuda") else 0.0),
             device_used_gb=device_used_gb(args.device)))
         if model is not None and args.copy_gbs > 0:
-            runs[-1].update(decode_bound(s, weight_bytes_per_step(model),
-                                         kv_bytes_per_token(model.config, model.dtype),
-                                         args.copy_gbs * 1e9))
+            weights = weight_bytes_per_step(model)
+            kv = kv_bytes_per_token(model.config, model.dtype)
+            runs[-1].update(decode_bound(s, weights, kv, args.copy_gbs * 1e9))
+            if args.matmul_tflops > 0:
+                runs[-1].update(decode_roofline(s, weights, model.dtype.itemsize, kv,
+                                                args.copy_gbs * 1e9, args.matmul_tflops * 1e12))
+        if backend == "native":
+            p = runs[-1]
+            print(f"[phases {r + 1}/{args.repeats}] device time: decode {p['decode_s']:.2f}s, "
+                  f"compression {p['compress_s']:.2f}s ({100 * p['compress_share']:.1f}% of "
+                  f"wall, {p['compress_events']} events), prefill {p['prefill_s']:.2f}s; "
+                  f"host-bound rest {p['host_s']:.2f}s", flush=True)
         print(f"[bench {r + 1}/{args.repeats}] {backend} model={args.model} compress={args.compress} "
               f"batch={args.batch} prompt={args.prompt_len} new={args.max_new_tokens}: "
               f"{s.tokens_per_s:.0f} tok/s, {s.generated_tokens} tok in {s.wall_s:.2f}s, "
@@ -166,7 +186,10 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
               f"{runs[-1]['device_used_gb']:.1f} GiB in use on the device"
               + (f", bound {runs[-1]['bound_tokens_per_s']:.0f} tok/s "
                  f"(fraction {runs[-1]['bound_fraction']:.3f})" if "bound_fraction" in runs[-1]
-                 else ""), flush=True)
+                 else "")
+              + (f", roofline {runs[-1]['roofline_tokens_per_s']:.0f} tok/s "
+                 f"(fraction {runs[-1]['roofline_fraction']:.3f})"
+                 if "roofline_fraction" in runs[-1] else ""), flush=True)
     pool = getattr(engine, "pool", None)  # the native engine's; SGLang sizes its own
     lm = getattr(engine, "lm", None)  # the native engine's fused qkv / gate-up copy
     result = dict(median_run(runs), runs=runs, backend=backend,
@@ -183,6 +206,15 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     return result
+
+
+def phase_split(s) -> dict:
+    """Where the run's wall time went: the engine's per-phase device time, and the rest
+    (the device waiting for the host: scheduling, bookkeeping, launches)."""
+    phases = {k: getattr(s, k, 0.0) for k in ("prefill_s", "decode_s", "compress_s")}
+    return dict(phases, compress_events=getattr(s, "compress_events", 0),
+                compress_share=phases["compress_s"] / max(s.wall_s, 1e-9),
+                host_s=max(0.0, s.wall_s - sum(phases.values())))
 
 
 def device_used_gb(device: str) -> float:

@@ -8,6 +8,13 @@ and the real per-step cache lengths the engine recorded (GenerateStats.decode_st
 decode_kv_tokens); the bandwidth from a device-to-device copy measured in the same process
 (bytes read plus bytes written, METHOD's convention). Prefill and compression time are
 outside the bound: it is a decode bound.
+
+At a batch of a few hundred the weight GEMMs stop being memory-bound: one step does
+2 * batch FLOPs per weight, and past ~200 sequences (an H200's FLOP/byte ratio) their
+arithmetic takes longer than reading the weights. `decode_roofline` therefore also reports
+a roofline: per step, the longer of the weight read and the GEMM arithmetic at a bf16
+matmul throughput measured in the same process, plus the K/V read. That is the bound a
+step of sequential kernels can approach; the memory bound alone cannot be reached there.
 """
 from __future__ import annotations
 
@@ -69,6 +76,49 @@ def copy_bandwidth(device: torch.device | str, gib: float = 2.0, repeats: int = 
         times.append(a.elapsed_time(b) / 1e3)
     del src, dst
     return 2 * n * 4 / statistics.median(times)
+
+
+def matmul_throughput(device: torch.device | str, size: int = 8192, repeats: int = 10,
+                      dtype: torch.dtype = torch.bfloat16) -> float:
+    """FLOP/s of a square `size` GEMM in `dtype`, median of `repeats` after a warm-up
+    (CUDA only): the compute ceiling of the roofline, as this device reaches it."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"matmul_throughput needs a CUDA device, got {device}")
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * size ** 3 / statistics.median(times)
+
+
+def decode_roofline(stats: GenerateStats, weight_bytes: int, weight_itemsize: int,
+                    kv_token_bytes: int, bandwidth: float, flops_per_s: float) -> dict:
+    """Roofline tokens/s of the recorded decode steps: the weight GEMMs take the longer of
+    reading the weights once per step and their arithmetic (2 FLOPs per weight per decoded
+    token), then every step reads its K/V. Taking the longer over the whole run rather than
+    per step keeps it a bound when batches vary (equal when they do not). Attention
+    arithmetic (a few % of the GEMMs' at these lengths) is left out."""
+    if bandwidth <= 0 or flops_per_s <= 0:
+        raise ValueError(f"bandwidth and flops_per_s must be positive, got {bandwidth}, "
+                         f"{flops_per_s}")
+    if stats.decode_steps == 0:
+        return dict(roofline_tokens_per_s=0.0, roofline_fraction=0.0, gemm_flops_s=0.0)
+    read = stats.decode_steps * weight_bytes / bandwidth
+    arithmetic = 2 * (weight_bytes / weight_itemsize) * stats.decode_tokens / flops_per_s
+    kv_read = stats.decode_kv_tokens * kv_token_bytes / bandwidth
+    total = max(read, arithmetic) + kv_read
+    tps = stats.decode_tokens / total
+    return dict(roofline_tokens_per_s=tps, roofline_fraction=stats.tokens_per_s / tps,
+                gemm_flops_s=arithmetic)
 
 
 def decode_bound(stats: GenerateStats, weight_bytes: int, kv_token_bytes: int,

@@ -37,18 +37,48 @@ def pool_tensor(pool: KVPool, values: list[int]) -> torch.Tensor:
 def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
                    next_pos: torch.Tensor) -> None:
     n_layers, _, h_kv, d = pool.k.shape
-    s, budget = rows.shape[0], policy.budget
+    s, budget, ps = rows.shape[0], policy.budget, pool.page_size
     lmax = int(lens.max())
-    slots = pool.slots(rows, lmax)  # [s, lmax]
-    keys = pool.k[:, slots]  # [layers, s, lmax, H_kv, D]
+    pages = pool.page_table[rows, :-(-lmax // ps)]  # [s, P]: entries 0..lmax-1 in order
+    # Whole pages (page_size * H_kv * D values each) by index_select, not per-element
+    # advanced indexing: the keys of 256 sequences x 36 layers are ~3 GB.
+    keys = _wide(pool.k).view(n_layers, -1, ps * h_kv * _width(pool.k))
+    keys = keys.index_select(1, pages.flatten()).view(pool.k.dtype)
+    keys = keys.view(n_layers, s, -1, h_kv, d)[:, :, :lmax]
     keys = keys.permute(1, 0, 3, 2, 4).reshape(s * n_layers, h_kv, lmax, d)
     queries = pool.ring_queries(rows, next_pos)  # [layers, s, W, H_q, D]
     queries = queries.permute(1, 0, 3, 2, 4).reshape(s * n_layers, -1, pool.window, d)
     keep = policy.select_batch(keys, queries, lens.repeat_interleave(n_layers))
-    keep = keep.view(s, n_layers, h_kv, budget)
-    src = slots[:, None, None, :].expand(s, n_layers, h_kv, lmax).gather(-1, keep)
-    dst = slots[:, None, None, :budget]
-    layer = torch.arange(n_layers, device=pool.device)[None, :, None, None]
-    head = torch.arange(h_kv, device=pool.device)[None, None, :, None]
+    del keys, queries
+    keep = keep.view(s, n_layers, h_kv, budget).permute(1, 0, 3, 2)  # [layers, s, budget, H]
+    src = _flat_rows(pool, rows[None, :, None, None], keep)
+    dst = _flat_rows(pool, rows[None, :, None, None],
+                     torch.arange(budget, device=pool.device)[None, None, :, None].expand_as(keep))
     for cache in (pool.k, pool.v):
-        cache[layer, dst, head] = cache[layer, src, head]
+        flat = _wide(cache).view(-1, _width(cache))  # one row per (layer, slot, head)
+        flat.index_copy_(0, dst.flatten(), flat.index_select(0, src.flatten()))
+
+
+def _flat_rows(pool: KVPool, rows: torch.Tensor, entries: torch.Tensor) -> torch.Tensor:
+    """Row of (layer, cache entry entries[l, i, j, h] of sequence rows[i], KV head h) in
+    the pool viewed as [layers * slots * H_kv, D]: [layers, s, n, H_kv] like entries."""
+    n_layers, slots, h_kv, _ = pool.k.shape
+    slot = pool.slot_of(rows.expand_as(entries), entries)
+    layer = torch.arange(n_layers, device=pool.device)[:, None, None, None]
+    head = torch.arange(h_kv, device=pool.device)
+    return (layer * slots + slot) * h_kv + head
+
+
+def _wide(cache: torch.Tensor) -> torch.Tensor:
+    """The cache with each head's D values read as few wide integers as divide them
+    (int64 for 128 bf16 values: 4x fewer elements for the copy kernels to index)."""
+    row = cache.shape[-1] * cache.element_size()
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        if row % dtype.itemsize == 0 and cache.element_size() <= dtype.itemsize:
+            return cache.view(dtype)
+    return cache
+
+
+def _width(cache: torch.Tensor) -> int:
+    """Elements per head row of _wide(cache)."""
+    return _wide(cache).shape[-1]

@@ -21,6 +21,7 @@ from minisparse.engine.layers.sampler import seed_for
 from minisparse.engine.model_runner import ModelRunner
 from minisparse.engine.models import CausalLM
 from minisparse.engine.scheduler import Scheduler
+from minisparse.engine.timing import PhaseTimer
 from minisparse.engine.sequence import GenerateStats, SampleOutput, Sequence
 
 
@@ -65,6 +66,7 @@ class LLMEngine:
             self.newline_ids = set(newline_token_ids(tokenizer))
         self.last_stats = GenerateStats()
         self.allocator: PageAllocator | None = None  # the last generate() call's
+        self.timer = PhaseTimer(self.device)
 
     @property
     def blocks(self) -> PageAllocator | None:
@@ -115,6 +117,7 @@ class LLMEngine:
                 else:
                     sched.add(seq)
         stats = GenerateStats()
+        self.timer = PhaseTimer(self.device)
         start = time.perf_counter()
         bar = _progress(len(seqs), progress)
         while not sched.done:
@@ -124,6 +127,9 @@ class LLMEngine:
         if bar is not None:
             bar.close()
         stats.wall_s = time.perf_counter() - start
+        phases = self.timer.seconds()
+        stats.prefill_s, stats.decode_s, stats.compress_s = (
+            phases.get(k, 0.0) for k in ("prefill", "decode", "compress"))
         stats.generated_tokens = sum(s.num_generated for s in seqs)
         stats.tokens_per_s = stats.generated_tokens / max(stats.wall_s, 1e-9)
         stats.peak_pages_used = allocator.peak_used
@@ -134,40 +140,98 @@ class LLMEngine:
         return [s.to_output() for s in seqs]
 
     def _step(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> int:
-        """One engine step; returns how many sequences finished in it."""
+        """One prefill step, or a run of decode steps (see _decode); returns how many
+        sequences finished in it."""
         chunks, aborted = sched.schedule_prefill()
         for seq in aborted:
             seq.finish_reason = "abort"
-        if chunks:
-            self._sync_pages(sched)
+        if not chunks:
+            return self._decode(sched, params, stats) + len(aborted)
+        self._sync_pages(sched)
+        with self.timer.region("prefill"):
             done, tokens, logprobs = self.runner.prefill(chunks, params)
-            for seq, n in chunks:
-                seq.num_computed += n
-                seq.cache_len += n
-                seq.peak_cache = max(seq.peak_cache, seq.cache_len)
-            for seq in done:
-                sched.finish_prefill(seq)
-                seq.since_compress = 0
-            stats.prefill_tokens += sum(n for _, n in chunks)
-        else:
-            done = sched.schedule_decode()
-            if not done:
-                return len(aborted)
-            self._sync_pages(sched)
-            tokens, logprobs = self.runner.decode(done, params)
-            stats.decode_steps += 1
-            stats.decode_tokens += len(done)
-            stats.decode_kv_tokens += sum(s.cache_len for s in done) + len(done)
-            for seq in done:
-                seq.num_computed += 1
-                seq.since_compress += 1
-                seq.cache_len += 1
-                seq.peak_cache = max(seq.peak_cache, seq.cache_len)
+        for seq, n in chunks:
+            seq.num_computed += n
+            seq.cache_len += n
+            seq.peak_cache = max(seq.peak_cache, seq.cache_len)
+        for seq in done:
+            sched.finish_prefill(seq)
+            seq.since_compress = 0
+        stats.prefill_tokens += sum(n for _, n in chunks)
         stats.steps += 1
         stats.peak_kv_tokens = max(stats.peak_kv_tokens, _cached_tokens(sched))
         finished = self._append(sched, done, tokens, logprobs, params)
-        self._compress(sched, [s for s in done if s.finish_reason is None])
+        self._compress(sched, [s for s in done if s.finish_reason is None], stats)
         return finished + len(aborted)
+
+    def _decode(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> int:
+        """Decode steps for every running sequence. With cfg.overlap_decode, step N + 1 is
+        launched (inputs built on the device from step N's tokens) before step N's tokens
+        are read, so the host's bookkeeping of step N runs while the device computes N + 1,
+        for as long as _launch_next finds the next step predictable. A sequence that stops
+        at step N has one wasted row in N + 1, whose token is dropped."""
+        seqs = sched.schedule_decode()
+        if not seqs:
+            return 0
+        self._sync_pages(sched)
+        launch = self._launch(seqs, params, self.runner.step_inputs(seqs))
+        finished = 0
+        while True:
+            nxt = self._launch_next(sched, launch, params) if self.cfg.overlap_decode else None
+            finished += self._collect(sched, launch, params, stats)
+            if nxt is None:
+                break
+            launch = nxt
+        self._compress(sched, [s for s in launch.seqs if s.finish_reason is None], stats)
+        return finished
+
+    def _launch(self, seqs: list[Sequence], params: SamplingParams, inputs: torch.Tensor):
+        """Queue a decode step and advance the sequences' cache counters past it."""
+        with self.timer.region("decode"):
+            launch = self.runner.launch(seqs, params, inputs)
+        for seq in seqs:
+            seq.num_computed += 1
+            seq.since_compress += 1
+            seq.cache_len += 1
+        return launch
+
+    def _launch_next(self, sched: Scheduler, launch, params: SamplingParams):
+        """Launch the step after `launch` before its tokens are read, when nothing about it
+        depends on them: no sequence waits for admission, no compression falls due, the
+        pool has every page it needs without preempting. Sequences that will finish by
+        length at `launch` are left out; those that stop on a sampled token are not
+        known yet and run once more. None when the step cannot be predicted."""
+        if sched.waiting or (self.policy is not None and self.compress.divide_method != "step_length"):
+            return None
+        max_new, max_len = params.max_new_tokens, self.pool.max_model_len
+        keep = [i for i, s in enumerate(launch.seqs) if s.finish_reason is None
+                and len(s.token_ids) + 1 - s.num_prompt < max_new
+                and len(s.token_ids) + 1 < max_len]
+        if not keep:
+            return None
+        seqs = [launch.seqs[i] for i in keep]
+        if self._due(seqs, None) or not sched.reserve_next(seqs):
+            return None
+        self._sync_pages(sched)
+        same = len(keep) == len(launch.seqs)
+        return self._launch(seqs, params, self.runner.next_inputs(launch, None if same else keep))
+
+    def _collect(self, sched: Scheduler, launch, params: SamplingParams,
+                 stats: GenerateStats) -> int:
+        """Read a launched step's tokens and append them to the sequences still running
+        (one that stopped at the step before has nothing to append)."""
+        tokens, logprobs = self.runner.collect(launch)
+        live = [i for i, s in enumerate(launch.seqs) if s.finish_reason is None]
+        seqs = [launch.seqs[i] for i in live]
+        stats.steps += 1
+        stats.decode_steps += 1
+        stats.decode_tokens += len(live)
+        stats.decode_kv_tokens += sum(launch.cache_lens[i] for i in live)
+        for i, seq in zip(live, seqs):
+            seq.peak_cache = max(seq.peak_cache, launch.cache_lens[i])
+        stats.peak_kv_tokens = max(stats.peak_kv_tokens, _cached_tokens(sched))
+        return self._append(sched, seqs, [tokens[i] for i in live],
+                            [logprobs[i] for i in live], params)
 
     def _append(self, sched: Scheduler, seqs: list[Sequence], tokens: list[int],
                 logprobs: list[float], params: SamplingParams) -> int:
@@ -188,28 +252,44 @@ class LLMEngine:
             finished += 1
         return finished
 
-    def _compress(self, sched: Scheduler, seqs: list[Sequence]) -> None:
+    def _compress(self, sched: Scheduler, seqs: list[Sequence], stats: GenerateStats) -> None:
         """Compress every sequence of `seqs` the trigger marks due, in one batched call."""
         if self.policy is None or not seqs:
             return
-        budget = self.policy.budget
-        seqs = [s for s in seqs if s.cache_len > budget]  # never due at or under budget
-        if not seqs:
-            return
-        lens = torch.tensor([s.cache_len for s in seqs])
-        since = torch.tensor([s.since_compress for s in seqs])
-        newline = torch.tensor([s.last_token in self.newline_ids for s in seqs])
-        due = compress_due(lens, since, newline, self.compress).tolist()
-        due = [s for s, d in zip(seqs, due) if d]
+        newline = [s.last_token in self.newline_ids for s in seqs]
+        due = self._due(seqs, newline)
         if not due:
             return
-        compact(self.pool, self.policy, [s.slot for s in due], [s.cache_len for s in due],
-                [s.num_computed for s in due])
-        sched.compacted(due, budget)
+        with self.timer.region("compress"):
+            compact(self.pool, self.policy, [s.slot for s in due], [s.cache_len for s in due],
+                    [s.num_computed for s in due])
+        sched.compacted(due, self.policy.budget)
+        stats.compress_events += 1
+
+    def _due(self, seqs: list[Sequence], newline: list[bool] | None) -> list[Sequence]:
+        """The sequences of `seqs` the trigger marks due now (newline: whether each one's
+        last token holds a newline; None: none does)."""
+        if self.policy is None:
+            return []
+        budget = self.policy.budget
+        over = [i for i, s in enumerate(seqs) if s.cache_len > budget]  # never due under
+        if not over:
+            return []
+        lens = torch.tensor([seqs[i].cache_len for i in over])
+        since = torch.tensor([seqs[i].since_compress for i in over])
+        nl = torch.tensor([bool(newline and newline[i]) for i in over])
+        due = compress_due(lens, since, nl, self.compress).tolist()
+        return [seqs[i] for i, d in zip(over, due) if d]
 
     def _sync_pages(self, sched: Scheduler) -> None:
+        """Write the pages the scheduler added since the last sync into the device page
+        table: only the new tail of each row (a dense 4k-token sequence has ~250 pages, and
+        every one of 256 sequences gains a page every page_size steps)."""
         dirty = sched.take_dirty()
-        self.pool.set_rows([s.slot for s in dirty], [s.pages for s in dirty])
+        self.pool.set_rows([s.slot for s in dirty], [s.pages for s in dirty],
+                           [s.synced_pages for s in dirty])
+        for seq in dirty:
+            seq.synced_pages = len(seq.pages)
 
 
 def _cached_tokens(sched: Scheduler) -> int:

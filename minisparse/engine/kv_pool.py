@@ -80,15 +80,19 @@ class KVPool:
     def pages_per_seq(self) -> int:
         return self.page_table.shape[1]
 
-    def set_rows(self, rows: list[int], tables: list[list[int]]) -> None:
-        """Write sequences' page lists into the device page table (one copy per call)."""
-        if not rows:
+    def set_rows(self, rows: list[int], tables: list[list[int]],
+                 starts: list[int] | None = None) -> None:
+        """Write sequences' page lists into the device page table (one copy per call):
+        row rows[i] gets tables[i][starts[i]:] at columns starts[i]... (all of it when
+        starts is None)."""
+        starts = starts or [0] * len(rows)
+        r = [row for row, t, s in zip(rows, tables, starts) for _ in range(s, len(t))]
+        if not r:
             return
-        r = [row for row, t in zip(rows, tables) for _ in t]
-        c = [i for t in tables for i in range(len(t))]
-        p = [page for t in tables for page in t]
-        idx = torch.tensor([r, c], dtype=torch.long).to(self.device, non_blocking=True)
-        self.page_table[idx[0], idx[1]] = torch.tensor(p, dtype=torch.long).to(self.device)
+        c = [i for t, s in zip(tables, starts) for i in range(s, len(t))]
+        p = [page for t, s in zip(tables, starts) for page in t[s:]]
+        rcp = torch.tensor([r, c, p], dtype=torch.long).to(self.device, non_blocking=True)
+        self.page_table[rcp[0], rcp[1]] = rcp[2]
 
     def slots(self, rows: torch.Tensor, length: int) -> torch.Tensor:
         """Pool slots of cache entries 0..length-1 for each row: [len(rows), length]."""

@@ -7,6 +7,8 @@ tokens and their log-probs.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from minisparse.engine.config import SamplingParams
@@ -23,6 +25,20 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+@dataclass
+class DecodeLaunch:
+    """A decode step on its way: its batch, its inputs [6, B] on the device (token,
+    position, page-table row, cache entry, seed, step of each sequence), its sampled
+    tokens on the device, and the host copy of (tokens, logprobs) that collect() waits
+    for. cache_lens: each sequence's cache length including this step's entry."""
+    seqs: list[Sequence]
+    inputs: torch.Tensor
+    tokens: torch.Tensor
+    host: torch.Tensor
+    ready: torch.cuda.Event | None
+    cache_lens: list[int]
+
+
 class ModelRunner:
     def __init__(self, lm: CausalLM, pool: KVPool, cuda_graphs: bool = False,
                  graph_max_len: int | None = None) -> None:
@@ -33,6 +49,8 @@ class ModelRunner:
         self.graph_max_len = graph_max_len
         self.graphs = None  # a cuda_graph.DecodeGraphs when the decode step is captured
         self._pinned: torch.Tensor | None = None  # staging buffer of decode's step tensor
+        self._outs: list[torch.Tensor] = []  # pinned (tokens, logprobs) of 2 launches
+        self._launches = 0
         self.reset_graphs()
 
     def reset_graphs(self) -> None:
@@ -107,21 +125,71 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], sp: SamplingParams):
-        """One token for each sequence (its last token goes in at cache index cache_len)."""
-        B = len(seqs)
+        """One token for each sequence (its last token goes in at cache index cache_len):
+        (tokens, logprobs) as host lists."""
+        return self.collect(self.launch(seqs, sp, self.step_inputs(seqs)))
+
+    def step_inputs(self, seqs: list[Sequence]) -> torch.Tensor:
+        """A decode step's inputs [6, B] from the sequences' host state, in one copy."""
         flat = [x for s in seqs for x in (s.last_token, s.num_computed, s.slot, s.cache_len,
                                           s.seed, len(s.token_ids) - s.num_prompt)]
-        step = self._upload(torch.tensor(flat, dtype=torch.long).view(B, 6).t())
-        ids, pos, rows, cidx, seeds, steps = step  # one host->device copy
+        return self._upload(torch.tensor(flat, dtype=torch.long).view(len(seqs), 6).t())
+
+    def next_inputs(self, prev: DecodeLaunch, keep: list[int] | None) -> torch.Tensor:
+        """The inputs of the step after `prev` for prev's sequences at positions `keep`
+        (None: all), built on the device: prev's sampled token goes in one position and
+        cache entry further on, at the next sampling step. Needs no host copy of prev's
+        tokens, so it can be launched before they are read."""
+        ids, pos, rows, cidx, seeds, steps = prev.inputs
+        nxt = torch.stack([prev.tokens.long(), pos + 1, rows, cidx + 1, seeds, steps + 1])
+        if keep is not None:
+            nxt = nxt[:, torch.tensor(keep, dtype=torch.long).to(self.device, non_blocking=True)]
+        return nxt
+
+    @torch.inference_mode()
+    def launch(self, seqs: list[Sequence], sp: SamplingParams,
+               inputs: torch.Tensor) -> DecodeLaunch:
+        """Queue one decode step (inputs [6, B] on the device, as step_inputs builds them)
+        and the copy of its results to the host; returns without waiting for either."""
+        ids, pos, rows, cidx, seeds, steps = inputs
         max_len = max(s.cache_len for s in seqs) + 1
-        if self.graphs is not None and self.graphs.fits(B, max_len):
-            return self._to_host(*self.graphs.run(ids, pos, rows, cidx, seeds, steps, max_len, sp))
-        hidden = decode_forward(self.lm, self.pool, ids, pos, rows, cidx, max_len)
-        return self._sample(hidden, seeds, steps, sp)
+        if self.graphs is not None and self.graphs.fits(len(seqs), max_len):
+            tokens, logprobs = self.graphs.run(ids, pos, rows, cidx, seeds, steps, max_len, sp)
+        else:
+            hidden = decode_forward(self.lm, self.pool, ids, pos, rows, cidx, max_len)
+            tokens, logprobs = sample_hidden(self.lm, hidden, seeds, steps, sp)
+        out = torch.stack([tokens.double(), logprobs.double()])
+        ready = None
+        if self.device.type == "cuda":
+            out, ready = self._to_pinned(out), torch.cuda.Event()
+            ready.record()
+        return DecodeLaunch(seqs, inputs, tokens, out, ready, [s.cache_len + 1 for s in seqs])
+
+    def collect(self, launch: DecodeLaunch) -> tuple[list[int], list[float]]:
+        """Wait for a launched step's (tokens, logprobs) and return them as host lists."""
+        if launch.ready is not None:
+            launch.ready.synchronize()
+        return [int(x) for x in launch.host[0].tolist()], launch.host[1].tolist()
+
+    def _to_pinned(self, out: torch.Tensor) -> torch.Tensor:
+        """Copy [2, B] to one of two pinned buffers, alternating: at most two launches are
+        uncollected at a time (the engine collects step N before launching N + 2)."""
+        n = out.numel()
+        if not self._outs or self._outs[0].numel() < n:
+            size = max(n, 2 * self.pool.cfg.max_num_seqs)
+            self._outs = [torch.empty(size, dtype=torch.float64, pin_memory=True)
+                          for _ in range(2)]
+        self._launches += 1
+        # a contiguous destination: a strided one makes copy_ stage through a temporary
+        # and return only once the step is done, which would undo the overlap
+        host = self._outs[self._launches % 2][:n].view(out.shape)
+        host.copy_(out, non_blocking=True)
+        return host
 
     def _upload(self, t: torch.Tensor) -> torch.Tensor:
         """A small CPU tensor on the device, through a reused pinned buffer on CUDA (safe:
-        every step ends with a device->host sync, so the previous copy has completed)."""
+        step_inputs is called only after the previous step was collected, so the previous
+        copy has completed; overlapped steps build their inputs on the device)."""
         if self.device.type != "cuda":
             return t.contiguous()
         n = t.numel()

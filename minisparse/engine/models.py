@@ -165,17 +165,21 @@ class CausalLM:
 
     def _forward_kernels(self, h, cos, sin, ctx, k_cache, v_cache, q_ring) -> torch.Tensor:
         """forward() with one Triton kernel per elementwise stage (layers.fused_ops): each
-        residual add rides with the next RMSNorm, RoPE writes K/V straight into the pool,
-        SiLU(gate) * up reads the fused gate/up product. Same roundings as forward()."""
+        residual add rides with the next RMSNorm, RoPE writes K/V (and the query ring)
+        straight into the pool, SiLU(gate) * up reads the fused gate/up product. Same
+        roundings as forward()."""
         ops, N = fused_ops(), h.shape[0]
         norms = [layer.input_layernorm for layer in self.layers]
+        ring_rows = None  # per token: its query-ring row, -1 when it keeps none
+        if q_ring is not None and ctx.ring_src is not None:
+            ring_rows = torch.full((N,), -1, dtype=torch.long, device=h.device)
+            ring_rows[ctx.ring_src] = ctx.ring_dst
         x, h = ops.add_rms_norm(h, None, norms[0].weight, norms[0].variance_epsilon)
         for i, layer in enumerate(self.layers):
             attn, (w_qkv, b_qkv, w_gu) = layer.self_attn, self.fused[i]
             q = ops.rope_and_cache(F.linear(x, w_qkv, b_qkv), cos, sin, ctx.slot_mapping,
-                                   k_cache[i], v_cache[i], self.num_heads, self.num_kv_heads)
-            if q_ring is not None and ctx.ring_src is not None:
-                q_ring[i][ctx.ring_dst] = q[ctx.ring_src]
+                                   k_cache[i], v_cache[i], self.num_heads, self.num_kv_heads,
+                                   q_ring[i] if ring_rows is not None else None, ring_rows)
             o = attend(q, k_cache[i], v_cache[i], ctx, self.scale)
             o = F.linear(o.reshape(N, -1), attn.o_proj.weight, attn.o_proj.bias)
             post = layer.post_attention_layernorm

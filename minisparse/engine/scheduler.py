@@ -76,11 +76,8 @@ class Scheduler:
     def schedule_decode(self) -> list[Sequence]:
         """Running sequences that get a cache slot for their next token, oldest first;
         preempts the newest ones when the pool is out of pages."""
-        ps, running = self.allocator.page_size, self.running
-        grow = [s for s in running if s.cache_len >= len(s.pages) * ps]  # needs a page
-        if sum(-(-(s.cache_len + 1) // ps) - len(s.pages) for s in grow) <= self.allocator.num_free:
-            for seq in grow:  # common case: no preemption; same allocation order as below
-                self._grow(seq, seq.cache_len + 1)
+        running = self.running
+        if self.reserve_next(running):  # common case: no preemption
             return list(running)
         scheduled, queue = [], deque(running)
         while queue:
@@ -96,6 +93,17 @@ class Scheduler:
         self.running = list(scheduled)
         return scheduled
 
+    def reserve_next(self, seqs: list[Sequence]) -> bool:
+        """Pages for one more cache entry of each of seqs when the pool has them all (in
+        seqs' order, as schedule_decode allocates); False, allocating nothing, when not."""
+        ps = self.allocator.page_size
+        grow = [s for s in seqs if s.cache_len >= len(s.pages) * ps]  # needs a page
+        if sum(-(-(s.cache_len + 1) // ps) - len(s.pages) for s in grow) > self.allocator.num_free:
+            return False
+        for seq in grow:
+            self._grow(seq, seq.cache_len + 1)
+        return True
+
     def preempt(self, seq: Sequence) -> None:
         """Free seq's cache; it goes back to the queue front (behind a partial prefill)."""
         self.free(seq)
@@ -107,7 +115,7 @@ class Scheduler:
     def free(self, seq: Sequence) -> None:
         """Return seq's pages and slot (finished, aborted or preempted)."""
         self.allocator.release(seq.pages)
-        seq.pages = []
+        seq.pages, seq.synced_pages = [], 0
         if seq.slot >= 0:
             self.free_slots.append(seq.slot)
             seq.slot = -1
@@ -119,6 +127,7 @@ class Scheduler:
         for seq in seqs:
             self.allocator.release(seq.pages[keep:])
             seq.pages = seq.pages[:keep]
+            seq.synced_pages = min(seq.synced_pages, keep)
             seq.evicted_tokens += seq.cache_len - budget
             seq.cache_len, seq.since_compress = budget, 0
             seq.num_compressions += 1
@@ -132,6 +141,7 @@ class Scheduler:
                 break
 
     def take_dirty(self) -> list[Sequence]:
-        """Sequences whose page-table rows need syncing (deduplicated, still holding pages)."""
+        """Sequences whose page-table rows need syncing (deduplicated, still holding pages);
+        each needs only its pages from seq.synced_pages on written."""
         dirty, self.dirty = self.dirty, []
         return [s for s in {id(s): s for s in dirty}.values() if s.slot >= 0]

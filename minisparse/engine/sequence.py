@@ -40,6 +40,12 @@ class GenerateStats:
     decode_steps: int = 0
     decode_tokens: int = 0  # tokens sampled by decode steps (one per running sequence)
     decode_kv_tokens: int = 0  # cache entries attended, summed over decode steps
+    # Device time (CUDA-event time on CUDA, wall on CPU) of the step loop's phases; what
+    # wall_s has beyond their sum is time the device waited for the host.
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    compress_s: float = 0.0
+    compress_events: int = 0  # batched compaction calls (each serves every due sequence)
 
 
 @dataclass
@@ -58,6 +64,7 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     slot: int = -1  # row in the runner's per-sequence state tensors, -1 when none
     pages: list[int] = field(default_factory=list)
+    synced_pages: int = 0  # leading entries of `pages` already in the device page table
     num_computed: int = 0
     cache_len: int = 0
     since_compress: int = 0  # tokens appended to the cache since the last compression
@@ -79,7 +86,7 @@ class Sequence:
 
     def reset_cache(self) -> None:
         """Forget the KV cache (after preemption): everything is recomputed from tokens."""
-        self.pages, self.slot = [], -1
+        self.pages, self.slot, self.synced_pages = [], -1, 0
         self.num_computed = self.cache_len = self.since_compress = 0
         self.status = Status.WAITING
 

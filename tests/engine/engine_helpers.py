@@ -146,9 +146,9 @@ def track(engine, monkeypatch) -> Tracker:
 
     monkeypatch.setattr(models_mod, "attend", attend)
     runner = engine.runner
-    real_decode, real_prefill = runner.decode, runner.prefill
-    monkeypatch.setattr(runner, "decode",
-                        lambda seqs, sp: (tr.step(seqs), real_decode(seqs, sp))[1])
+    real_launch, real_prefill = runner.launch, runner.prefill
+    monkeypatch.setattr(runner, "launch",
+                        lambda seqs, sp, inputs: (tr.step(seqs), real_launch(seqs, sp, inputs))[1])
     monkeypatch.setattr(runner, "prefill",
                         lambda chunks, sp: (tr.step([], chunks), real_prefill(chunks, sp))[1])
     monkeypatch.setattr(engine.policy, "select_batch",

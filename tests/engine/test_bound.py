@@ -11,7 +11,8 @@ from engine_helpers import build, make_engine, prompts
 from minisparse.config import CompressConfig
 from minisparse.engine import SamplingParams
 from minisparse.engine.bench import parse_args, run
-from minisparse.engine.bound import decode_bound, kv_bytes_per_token, weight_bytes_per_step
+from minisparse.engine.bound import (decode_bound, decode_roofline, kv_bytes_per_token,
+                                     weight_bytes_per_step)
 from minisparse.engine.sequence import GenerateStats
 
 
@@ -43,6 +44,33 @@ def test_decode_bound_arithmetic():
     with pytest.raises(ValueError, match="bandwidth"):
         decode_bound(s, 1, 1, 0.0)
     assert decode_bound(GenerateStats(), 1, 1, 1.0)["bound_tokens_per_s"] == 0.0
+
+
+def test_roofline_takes_the_longer_of_weight_read_and_gemm_arithmetic():
+    s = GenerateStats(tokens_per_s=50.0, decode_steps=10, decode_tokens=40,
+                      decode_kv_tokens=4000)
+    # 1000 bytes = 500 bf16 weights; reads: 10 * 1000 / 1e5 = 0.1 s, K/V 0.4 s
+    slow = decode_roofline(s, 1000, 2, 10, bandwidth=1e5, flops_per_s=1e6)
+    # arithmetic 2 * 500 * 40 / 1e6 = 0.04 s < 0.1 s read: the memory bound
+    assert slow["roofline_tokens_per_s"] == pytest.approx(
+        decode_bound(s, 1000, 10, 1e5)["bound_tokens_per_s"])
+    fast = decode_roofline(s, 1000, 2, 10, bandwidth=1e5, flops_per_s=1e5)
+    # arithmetic 0.4 s > 0.1 s read: 40 tokens in 0.4 + 0.4 s
+    assert fast["roofline_tokens_per_s"] == pytest.approx(50.0)
+    assert fast["roofline_fraction"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="flops_per_s"):
+        decode_roofline(s, 1, 1, 1, 1.0, 0.0)
+
+
+def test_engine_records_phase_device_time(qwen2):
+    cfg = CompressConfig(algorithm="rkv", budget=16, window=4, divide_length=8, kernel_size=3)
+    engine = make_engine(qwen2, cfg, page_size=4)
+    engine.generate(prompts(3, lo=5, hi=9), SamplingParams(max_new_tokens=40, seed=0,
+                                                           ignore_eos=True))
+    s = engine.last_stats
+    assert s.compress_events > 0 and s.compressions >= s.compress_events
+    assert s.prefill_s > 0 and s.decode_s > 0 and s.compress_s > 0
+    assert s.prefill_s + s.decode_s + s.compress_s <= s.wall_s
 
 
 def test_engine_records_attended_entries_per_decode_step(qwen2):
@@ -78,5 +106,9 @@ def test_bench_json_has_bound_fields(tmp_path, tiny_path):
     run(args)
     saved = json.loads(path.read_text())
     assert saved["bound_tokens_per_s"] > 0
+    assert "roofline_tokens_per_s" not in saved  # no GEMM throughput measured on the CPU
+    assert saved["decode_s"] > 0 and saved["compress_events"] == 0
+    assert saved["host_s"] == pytest.approx(
+        saved["wall_s"] - saved["decode_s"] - saved["prefill_s"] - saved["compress_s"], abs=1e-6)
     assert saved["bound_fraction"] == pytest.approx(
         saved["tokens_per_s"] / saved["bound_tokens_per_s"])

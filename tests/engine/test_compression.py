@@ -42,13 +42,13 @@ def test_decode_attention_equals_reference_over_kept_tokens(tracked):
 def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
     engine = make_engine(qwen2, CFG, page_size=4)
     blocks_seen = []
-    real = engine.runner.decode
+    real = engine.runner.launch
 
-    def decode(seqs, sp):
+    def launch(seqs, sp, inputs):
         blocks_seen.append(engine.allocator.num_used)
         assert all(s.cache_len < max_cache_tokens(CFG) for s in seqs)
-        return real(seqs, sp)
-    engine.runner.decode = decode
+        return real(seqs, sp, inputs)
+    engine.runner.launch = launch
     n, steps = 3, 1000
     outs = engine.generate(prompts(n, lo=5, hi=20), SamplingParams(max_new_tokens=steps,
                                                                   ignore_eos=True, seed=0))

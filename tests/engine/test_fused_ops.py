@@ -85,6 +85,28 @@ def test_rope_and_cache_write(ops, device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rope_writes_query_ring_rows(ops, device):
+    """Tokens with a ring row >= 0 put their rotated q there, the others write no row."""
+    g = torch.Generator().manual_seed(4)
+    T, HQ, HKV, D, S, R = 5, 4, 2, 16, 12, 7
+    qkv = torch.randn(T, (HQ + 2 * HKV) * D, generator=g).to(device)
+    ang = torch.rand(T, 1, D, generator=g) * 6
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    slots = torch.randperm(S, generator=g)[:T].to(device)
+    k_cache = torch.zeros(S, HKV, D, device=device)
+    v_cache = k_cache.clone()
+    ring = torch.full((R, HQ, D), float("nan"), device=device)
+    rows = torch.tensor([3, -1, 0, -1, 6], device=device)
+    q = _ops(ops, device).rope_and_cache(qkv, cos, sin, slots, k_cache, v_cache, HQ, HKV,
+                                         ring, rows)
+    assert torch.equal(ring[[3, 0, 6]], q[[0, 2, 4]])
+    assert bool(ring[[1, 2, 4, 5]].isnan().all())
+    with pytest.raises(ValueError, match="ring"):
+        _ops(ops, device).rope_and_cache(qkv, cos, sin, slots, k_cache, v_cache, HQ, HKV,
+                                         ring.transpose(0, 1), rows)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_mul(ops, device, dtype):
     g = torch.Generator().manual_seed(3)

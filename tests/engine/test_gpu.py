@@ -137,6 +137,29 @@ def test_cuda_graphs_match_eager(gpu_model):
         assert n == 0 or err.max() < LP_MAX / 3
 
 
+@pytest.mark.parametrize("algorithm", ["none", "rkv"])
+def test_overlapped_steps_match_serial_steps(gpu_model, algorithm):
+    """Same batches either way (no stop tokens): the same samples, bit for bit; and the
+    results land in pinned, contiguous memory (else the copy would wait for the step)."""
+    cfg = CompressConfig(algorithm=algorithm, budget=32, window=8, divide_length=16)
+    ps = vocab_prompts(gpu_model, 6, 5, 80)
+    params = SamplingParams(temperature=1.0, max_new_tokens=70, seed=5, ignore_eos=True)
+    outs = {}
+    for overlap in (True, False):
+        engine = make_engine(gpu_model, cfg, kv_memory_gb=1.0, page_size=16,
+                             overlap_decode=overlap)
+        outs[overlap] = engine.generate(ps, params)
+    for a, b in zip(outs[True], outs[False]):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
+def test_decode_results_copy_to_pinned_contiguous_memory(gpu_model):
+    engine = make_engine(gpu_model, kv_memory_gb=1.0)
+    out = torch.zeros(2, 5, dtype=torch.float64, device="cuda")
+    host = engine.runner._to_pinned(out)
+    assert host.is_pinned() and host.is_contiguous() and host.shape == (2, 5)
+
+
 def test_sleep_releases_pool_memory(gpu_model):
     engine = make_engine(gpu_model, kv_memory_gb=0.5)
     torch.cuda.synchronize()

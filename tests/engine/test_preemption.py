@@ -59,3 +59,37 @@ def test_sequence_larger_than_pool_aborts_alone(qwen2):
     assert [o.finish_reason for o in outs] == ["abort", "abort"]
     assert len(outs[0].token_ids) == 16 + 1 - 10 and outs[1].token_ids == []
     assert engine.allocator.num_free == 4
+
+
+def _check_page_table_after_each_step(engine):
+    """Wrap engine._step: after every step, each running sequence's page-table row starts
+    with its page list (the engine writes only the new tail of a row)."""
+    real = engine._step
+    checked = []
+
+    def step(sched, *a):
+        out = real(sched, *a)
+        for seq in sched.running:
+            assert seq.synced_pages == len(seq.pages)
+            row = engine.pool.page_table[seq.slot, :len(seq.pages)].tolist()
+            assert row == seq.pages
+        checked.append(len(sched.running))
+        return out
+
+    engine._step = step
+    return checked
+
+
+def test_page_table_rows_follow_growth_preemption_and_compaction(qwen2):
+    ps = prompts(6, lo=8, hi=20)
+    params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
+    cfg = CompressConfig(algorithm="rkv", budget=16, window=4, divide_length=8, kernel_size=3)
+    for compress in (None, cfg):
+        engine = small_engine(qwen2, 26, compress=compress, max_prefill_tokens=8)
+        checked = _check_page_table_after_each_step(engine)
+        engine.generate(ps, params)
+        assert sum(checked) > 0
+        if compress is None:
+            assert engine.last_stats.preemptions > 0
+        else:
+            assert engine.last_stats.compressions > 0

@@ -1,5 +1,5 @@
 """Triton kernels for the per-layer elementwise work of a forward on CUDA: residual add +
-RMSNorm, RoPE + K/V cache write, SiLU(gate) * up.
+RMSNorm, RoPE + K/V cache write (+ the query ring's write), SiLU(gate) * up.
 
 Why: at decode batch sizes each of these is a handful of tiny PyTorch kernels (RMSNorm
 alone is ~7: upcast, square, mean, rsqrt, scale, downcast, weight), ~35 launches per
@@ -49,11 +49,13 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 
 
 @triton.jit
-def _rope_kernel(QKV, COS, SIN, Q_OUT, K_CACHE, V_CACHE, SLOTS, stride_t, stride_slot,
-                 HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
-    """One program per token: rotate its HQ query heads into Q_OUT, its HKV key heads into
-    the cache slot, and copy its value heads there. x * cos + rotate_half(x) * sin, each
-    product and the sum rounded to the model dtype as in the PyTorch path."""
+def _rope_kernel(QKV, COS, SIN, Q_OUT, K_CACHE, V_CACHE, SLOTS, RING, RING_ROWS, stride_t,
+                 stride_slot, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                 HAS_RING: tl.constexpr):
+    """One program per token: rotate its HQ query heads into Q_OUT (and into its query-ring
+    row when it has one, RING_ROWS[t] >= 0), its HKV key heads into the cache slot, and
+    copy its value heads there. x * cos + rotate_half(x) * sin, each product and the sum
+    rounded to the model dtype as in the PyTorch path."""
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, D)
     first = d < D // 2
@@ -69,7 +71,12 @@ def _rope_kernel(QKV, COS, SIN, Q_OUT, K_CACHE, V_CACHE, SLOTS, stride_t, stride
     xr = tl.load(base + hq * D + partner[None, :]).to(tl.float32)
     a = (x * cos[None, :]).to(dt).to(tl.float32)
     b = ((xr * sign[None, :]).to(dt).to(tl.float32) * sin[None, :]).to(dt).to(tl.float32)
-    tl.store(Q_OUT + t * HQ * D + hq * D + d[None, :], (a + b).to(dt))
+    q = (a + b).to(dt)
+    tl.store(Q_OUT + t * HQ * D + hq * D + d[None, :], q)
+    if HAS_RING:
+        ring_row = tl.load(RING_ROWS + t)
+        if ring_row >= 0:
+            tl.store(RING + ring_row * HQ * D + hq * D + d[None, :], q)
     hk = tl.arange(0, HKV)[:, None]
     koff = base + HQ * D + hk * D
     x = tl.load(koff + d[None, :]).to(tl.float32)
@@ -83,16 +90,24 @@ def _rope_kernel(QKV, COS, SIN, Q_OUT, K_CACHE, V_CACHE, SLOTS, stride_t, stride
 
 def rope_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
-                   num_kv_heads: int) -> torch.Tensor:
+                   num_kv_heads: int, ring: torch.Tensor | None = None,
+                   ring_rows: torch.Tensor | None = None) -> torch.Tensor:
     """qkv [T, (HQ + 2 HKV) D] (one fused projection); cos/sin [T, 1, D]; slots [T] pool
     slots. Writes rotated K and V into k/v_cache [S, HKV, D] at slots, returns rotated
-    q [T, HQ, D]. Head counts must be powers of two (Triton block shapes)."""
+    q [T, HQ, D]. With ring [R, HQ, D] (contiguous) and ring_rows [T], also writes token
+    t's rotated q into ring row ring_rows[t] where that is >= 0 (compression's query
+    ring, otherwise an index_put per layer). Head counts must be powers of two."""
     T = qkv.shape[0]
     D = cos.shape[-1]
     q = torch.empty(T, num_heads, D, dtype=qkv.dtype, device=qkv.device)
+    has_ring = ring is not None
+    if has_ring and not ring.is_contiguous():
+        raise ValueError("ring: must be contiguous [rows, H_q, D]")
     if T:
-        _rope_kernel[(T,)](qkv, cos, sin, q, k_cache, v_cache, slots, qkv.stride(0),
-                           k_cache.stride(0), HQ=num_heads, HKV=num_kv_heads, D=D, num_warps=4)
+        _rope_kernel[(T,)](qkv, cos, sin, q, k_cache, v_cache, slots,
+                           ring if has_ring else q, ring_rows if has_ring else slots,
+                           qkv.stride(0), k_cache.stride(0), HQ=num_heads, HKV=num_kv_heads,
+                           D=D, HAS_RING=has_ring, num_warps=4)
     return q
 
 
