@@ -103,8 +103,9 @@ class CompressConfig:
 class EngineConfig:
     backend: Backend = "native"  # sglang: an embedded sglang.Engine, dense runs only
     page_size: Count = 16
-    # KV pool size: kv_memory_gb if > 0, else this fraction of the free GPU memory
-    # (on CPU: of kv_cpu_memory_gb).
+    # KV pool size: kv_memory_gb if > 0, else this fraction of the free GPU memory at
+    # wake-up, which also pays for the rollout-time fused weight copy (on CPU: of
+    # kv_cpu_memory_gb).
     kv_memory_fraction: Share = 0.8
     kv_memory_gb: NonNegative = 0.0
     kv_cpu_memory_gb: NonNegative = 1.0

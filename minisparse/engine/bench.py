@@ -5,7 +5,9 @@ Random seeded prompts, EOS ignored so every sequence runs to --max-new-tokens. P
 line per timed run (after an untimed warm-up) and writes the median run's numbers, plus
 every run's, to --json. `--backend sglang` runs the same workload through the embedded
 SGLang engine (dense only); `--backend both` runs native then SGLang in one process and
-prints the native/SGLang throughput ratio.
+prints the native/SGLang throughput ratio. With --compress, `both` runs the native engine
+compressed and SGLang dense (it has no compressed cache): the ratio is then what sparse
+rollouts gain over the dense reference on the same prompts and lengths.
 """
 from __future__ import annotations
 
@@ -91,6 +93,8 @@ def build(args: argparse.Namespace, backend: str = "native"):
     if backend == "sglang":
         from minisparse.engine.sglang_backend import SGLangBackend
 
+        if args.backend == "both":  # the dense reference of a compressed native run
+            compress = CompressConfig()
         engine = SGLangBackend(model, tokenizer, engine_cfg, compress, args.device, dtype,
                                seed=args.seed)
         engine.update_weights(model)  # the same random weights as the native run
@@ -132,8 +136,9 @@ def run(args: argparse.Namespace) -> dict:
     else:
         native, sglang = run_backend(args, "native"), run_backend(args, "sglang")
         ratio = native["tokens_per_s"] / max(sglang["tokens_per_s"], 1e-9)
-        print(f"[bench] native {native['tokens_per_s']:.0f} tok/s, sglang "
-              f"{sglang['tokens_per_s']:.0f} tok/s: native/sglang = {ratio:.3f}", flush=True)
+        print(f"[bench] native ({args.compress}) {native['tokens_per_s']:.0f} tok/s, sglang "
+              f"(dense) {sglang['tokens_per_s']:.0f} tok/s: native/sglang = {ratio:.3f}",
+              flush=True)
         result = dict(native=native, sglang=sglang, native_over_sglang=ratio)
     if args.json:
         with open(args.json, "w") as f:
@@ -177,7 +182,8 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
                   f"compression {p['compress_s']:.2f}s ({100 * p['compress_share']:.1f}% of "
                   f"wall, {p['compress_events']} events), prefill {p['prefill_s']:.2f}s; "
                   f"host-bound rest {p['host_s']:.2f}s", flush=True)
-        print(f"[bench {r + 1}/{args.repeats}] {backend} model={args.model} compress={args.compress} "
+        algorithm = "none" if backend == "sglang" else args.compress  # SGLang runs dense
+        print(f"[bench {r + 1}/{args.repeats}] {backend} model={args.model} compress={algorithm} "
               f"batch={args.batch} prompt={args.prompt_len} new={args.max_new_tokens}: "
               f"{s.tokens_per_s:.0f} tok/s, {s.generated_tokens} tok in {s.wall_s:.2f}s, "
               f"peak kv {s.peak_kv_tokens} tok (per seq {runs[-1]['peak_kv_tokens_per_seq']}), "

@@ -18,14 +18,17 @@ from minisparse.engine.models import CausalLM
 _GIB = 1 << 30
 
 
-def pool_bytes(cfg: EngineConfig, device: torch.device, reserved: int = 0) -> int:
-    """Bytes for the pool: kv_memory_gb if set, else a fraction of the free GPU memory
-    (minus what the engine reserves for other buffers), or of kv_cpu_memory_gb on CPU."""
+def pool_bytes(cfg: EngineConfig, device: torch.device, counted: int = 0) -> int:
+    """Bytes for the pool: kv_memory_gb if set, else on CUDA kv_memory_fraction of the
+    engine's rollout-time memory, minus `counted` bytes the engine already took from it
+    (the fused weight copy, allocated just before): fraction * (free + counted) - counted,
+    so the copy leaves the engine's total where it was without it. On CPU: a fraction of
+    kv_cpu_memory_gb."""
     if cfg.kv_memory_gb > 0:
         return int(cfg.kv_memory_gb * _GIB)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(cfg.kv_memory_fraction * max(free - reserved, 0))
+        return max(0, int(cfg.kv_memory_fraction * (free + counted)) - counted)
     return int(cfg.kv_memory_fraction * cfg.kv_cpu_memory_gb * _GIB)
 
 
@@ -55,7 +58,7 @@ class KVPool:
             rows = (self.cfg.max_num_seqs + 1) * self.window
             self.q_ring = torch.zeros(lm.num_layers, rows, lm.num_heads, lm.head_dim,
                                       dtype=dtype, device=dev)
-        self.num_pages = pool_bytes(self.cfg, dev) // self.bytes_per_page() - 1
+        self.num_pages = pool_bytes(self.cfg, dev, self.lm.fused_bytes) // self.bytes_per_page() - 1
         if self.num_pages < 1:
             raise RuntimeError("KV pool budget is smaller than two pages")
         pages_per_seq = min(self.num_pages, -(-self.max_model_len // self.page_size))

@@ -112,3 +112,19 @@ def test_bench_json_has_bound_fields(tmp_path, tiny_path):
         saved["wall_s"] - saved["decode_s"] - saved["prefill_s"] - saved["compress_s"], abs=1e-6)
     assert saved["bound_fraction"] == pytest.approx(
         saved["tokens_per_s"] / saved["bound_tokens_per_s"])
+
+
+def test_fused_weight_copy_is_paid_from_the_pool_budget(monkeypatch):
+    """fraction * (free + copy) - copy: with the copy made first, the engine's total stays
+    fraction * (free before the copy), as it was without fused weights."""
+    from minisparse.config import EngineConfig
+    from minisparse.engine.kv_pool import pool_bytes
+
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (97 * gib, 140 * gib))
+    cfg, cuda = EngineConfig(kv_memory_fraction=0.8), torch.device("cuda")
+    assert pool_bytes(cfg, cuda) == int(0.8 * 97 * gib)
+    copy = 3 * gib  # free was 100 GiB before the copy
+    assert pool_bytes(cfg, cuda, copy) + copy == int(0.8 * 100 * gib)
+    assert pool_bytes(cfg, cuda, 500 * gib) == 0
+    assert pool_bytes(EngineConfig(kv_memory_gb=2.0), cuda, copy) == 2 * gib

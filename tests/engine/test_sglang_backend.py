@@ -283,3 +283,29 @@ def test_bench_both_reports_the_native_over_sglang_ratio(monkeypatch, tmp_path):
     result = bench.run(bench.parse_args(["--backend", "both", "--json", str(path)]))
     assert result["native_over_sglang"] == pytest.approx(1.5)
     assert json.loads(path.read_text())["sglang"]["tokens_per_s"] == 200.0
+
+
+def test_bench_both_with_compression_runs_sglang_dense(monkeypatch):
+    """--backend both --compress rkv: the native engine compressed, SGLang dense (asking
+    SGLang itself for compression stays an error)."""
+    built = {}
+
+    class Engine:
+        def __init__(self, model, tokenizer, cfg, compress, *a, **k):
+            built[type(self).__name__] = compress.algorithm
+
+        def update_weights(self, model):
+            pass
+
+    monkeypatch.setattr(bench, "LLMEngine", type("LLMEngine", (Engine,), {}))
+    import minisparse.engine.sglang_backend as sgl
+    monkeypatch.setattr(sgl, "SGLangBackend", type("SGLangBackend", (Engine,), {}))
+    args = bench.parse_args(["--backend", "both", "--compress", "rkv", "--device", "cpu"])
+    bench.build(args, "native")
+    bench.build(args, "sglang")
+    assert built == {"LLMEngine": "rkv", "SGLangBackend": "none"}
+    args = bench.parse_args(["--backend", "sglang", "--compress", "rkv", "--device", "cpu"])
+    built.clear()
+    bench.build(args, "sglang")
+    assert built == {"SGLangBackend": "rkv"}  # passed through: SGLangBackend refuses it
+

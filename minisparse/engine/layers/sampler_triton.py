@@ -8,7 +8,8 @@ of a row once, in the head's own dtype (no float32 copy of the logits), and keep
   - the online max and sum of exp(scaled) (for the log-sum-exp, over the whole row),
   - the race winner: argmax of scaled - log(E) over the tokens kept by truncation, with
     E = -log(u) and u the same counter hash of (seed, step, vocab id) as the reference
-    (log of the reference's p / E, so the same law; rounding can break near-ties apart),
+    (log of the reference's p / E, so the same law; rounding can break near-ties apart;
+    the column half of the hash comes from the reference's cached per-column table),
   - the winner's scaled logit (its log-prob numerator).
 A second, tiny kernel merges the chunks. Ties go to the lowest vocab id (as torch.argmax).
 Temperature 0 is greedy with the T = 1 log-prob, as in the reference.
@@ -24,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisparse.engine.layers.sampler import truncate
+from minisparse.engine.layers.sampler import column_hashes, truncate
 
 _CHUNK = 8192  # vocab columns per program
 _BLOCK = 1024
@@ -42,7 +43,7 @@ def _fmix32(x):
 
 
 @triton.jit
-def _partial_kernel(LOGITS, SEEDS, STEPS, THRESH, M_OUT, L_OUT, K_OUT, I_OUT, S_OUT,
+def _partial_kernel(LOGITS, COL_HASH, SEEDS, STEPS, THRESH, M_OUT, L_OUT, K_OUT, I_OUT, S_OUT,
                     V, stride_row, inv_t, chunk,
                     NSPLIT: tl.constexpr, GREEDY: tl.constexpr, HAS_THRESH: tl.constexpr,
                     BLOCK: tl.constexpr):
@@ -55,11 +56,15 @@ def _partial_kernel(LOGITS, SEEDS, STEPS, THRESH, M_OUT, L_OUT, K_OUT, I_OUT, S_
         rh = _fmix32(_fmix32(seed) ^ (step * 0x2545F491 + 0x9E3779B9))
     if HAS_THRESH:
         thresh = tl.load(THRESH + b)
+    # Per lane (one column of the BLOCK-wide loads) across the blocks: the sum of
+    # exp(scaled - m) and the race's best key, its column (the first one reaching it:
+    # columns grow) and its scaled logit; reduced over lanes once, after the loop, rather
+    # than ~5 block reductions per load.
     m = -float("inf")
-    l = 0.0
-    best_k = -float("inf")
-    best_i = 0
-    best_s = 0.0
+    l_vec = tl.zeros([BLOCK], tl.float32)
+    k_vec = tl.full([BLOCK], -float("inf"), tl.float32)
+    i_vec = tl.zeros([BLOCK], tl.int32)
+    s_vec = tl.zeros([BLOCK], tl.float32)
     start = sp * chunk
     end = tl.minimum(start + chunk, V)
     for c0 in range(start, end, BLOCK):
@@ -68,24 +73,31 @@ def _partial_kernel(LOGITS, SEEDS, STEPS, THRESH, M_OUT, L_OUT, K_OUT, I_OUT, S_
         x = tl.load(row_ptr + cols, mask=valid, other=-float("inf")).to(tl.float32)
         s = x * inv_t
         m_new = tl.maximum(m, tl.max(s, 0))
-        l = l * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new), 0)
+        l_vec = l_vec * tl.exp(m - m_new) + tl.exp(s - m_new)
         m = m_new
         if GREEDY:
             key = s
         else:
-            ch = _fmix32(_fmix32(cols.to(tl.uint32) ^ 0x61C8864) + 0x9E3779B9)
+            # the per-column hash is the same for every row: read from the reference's
+            # cached table (L2-resident) instead of two more fmix32 per element
+            ch = tl.load(COL_HASH + cols, mask=valid, other=0).to(tl.uint32, bitcast=True)
             bits = _fmix32(rh ^ ch)
             u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
             key = s - tl.log(-tl.log(u))
             key = tl.where(valid, key, -float("inf"))
         if HAS_THRESH:
             key = tl.where(x >= thresh, key, -float("inf"))
-        blk_k = tl.max(key, 0)
-        blk_i = tl.argmax(key, 0)
-        if blk_k > best_k:
-            best_k = blk_k
-            best_i = c0 + blk_i
-            best_s = tl.sum(tl.where(tl.arange(0, BLOCK) == blk_i, s, 0.0), 0)
+        better = key > k_vec
+        k_vec = tl.where(better, key, k_vec)
+        i_vec = tl.where(better, cols, i_vec)
+        s_vec = tl.where(better, s, s_vec)
+    l = tl.sum(tl.where(l_vec > 0, l_vec, 0.0), 0)
+    best_k = tl.max(k_vec, 0)
+    # lowest column among the lanes at the best key (ties go to the lowest vocab id);
+    # no lane improved on -inf: column `start`, as the block-wise version gave
+    best_i = tl.min(tl.where(k_vec == best_k, i_vec, end), 0)
+    best_i = tl.where(best_k > -float("inf"), best_i, start)
+    best_s = tl.sum(tl.where(i_vec == best_i, s_vec, 0.0), 0)
     o = b * NSPLIT + sp
     tl.store(M_OUT + o, m)
     tl.store(L_OUT + o, l)
@@ -154,8 +166,8 @@ def fused_sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: fl
     if B == 0:
         return tokens, logprobs
     _partial_kernel[(B, nsplit)](
-        logits, seeds, steps, thresh if thresh is not None else m, m, l, k, i, s,
-        V, logits.stride(0), inv_t, chunk,
+        logits, column_hashes(V, dev), seeds, steps, thresh if thresh is not None else m,
+        m, l, k, i, s, V, logits.stride(0), inv_t, chunk,
         NSPLIT=nsplit, GREEDY=greedy, HAS_THRESH=thresh is not None, BLOCK=block,
         num_warps=4)
     _merge_kernel[(B,)](m, l, k, i, s, tokens, logprobs, NSPLIT=nsplit,
