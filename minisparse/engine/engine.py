@@ -197,11 +197,12 @@ class LLMEngine:
 
     def _launch_next(self, sched: Scheduler, launch, params: SamplingParams):
         """Launch the step after `launch` before its tokens are read, when nothing about it
-        depends on them: no sequence waits for admission, no compression falls due, the
-        pool has every page it needs without preempting. Sequences that will finish by
+        depends on them: no waiting sequence could be admitted now, no compression falls
+        due, the pool has every page it needs without preempting. Sequences that will finish by
         length at `launch` are left out; those that stop on a sampled token are not
         known yet and run once more. None when the step cannot be predicted."""
-        if sched.waiting or (self.policy is not None and self.compress.divide_method != "step_length"):
+        tokens_decide = self.policy is not None and self.compress.divide_method != "step_length"
+        if tokens_decide or sched.can_admit():
             return None
         max_new, max_len = params.max_new_tokens, self.pool.max_model_len
         keep = [i for i, s in enumerate(launch.seqs) if s.finish_reason is None

@@ -49,10 +49,7 @@ class Scheduler:
             if budget == 0 or (seq.slot < 0 and not self.free_slots):
                 break
             n = min(len(seq) - seq.num_computed, budget)
-            # keep one free page per running sequence, so admitting does not force the
-            # next decode step to preempt
-            reserve = len(self.running) + len(chunks)
-            room = (len(seq.pages) + self.allocator.num_free - reserve) * ps - seq.cache_len
+            room = self._room(seq, len(self.running) + len(chunks))
             if n > room:
                 if chunks or self.running:
                     break
@@ -66,6 +63,23 @@ class Scheduler:
             chunks.append((seq, n))
             budget -= n
         return chunks, aborted
+
+    def _room(self, seq: Sequence, reserve: int) -> int:
+        """Cache entries seq can take now while one free page stays for each of `reserve`
+        running sequences (so admitting does not force the next decode step to preempt)."""
+        ps = self.allocator.page_size
+        return (len(seq.pages) + self.allocator.num_free - reserve) * ps - seq.cache_len
+
+    def can_admit(self) -> bool:
+        """Whether schedule_prefill would start a chunk now: the queue's head has a slot
+        (or one is free) and, with sequences running, its next chunk fits."""
+        if not self.waiting:
+            return False
+        seq = self.waiting[0]
+        if seq.slot < 0 and not self.free_slots:
+            return False
+        n = min(len(seq) - seq.num_computed, self.max_prefill_tokens)
+        return not self.running or n <= self._room(seq, len(self.running))
 
     def finish_prefill(self, seq: Sequence) -> None:
         """A sequence whose prompt (or recompute) is fully in the cache starts decoding."""

@@ -23,3 +23,25 @@ def test_compacted_returns_pages_past_the_budget_and_counts_the_eviction():
     assert (seq.cache_len, seq.since_compress, seq.evicted_tokens, seq.num_compressions) == (
         6, 0, 8, 1)
     assert seq.num_computed == 14  # RoPE positions go on from where they were
+
+
+def test_can_admit_mirrors_schedule_prefill():
+    """can_admit is what the overlapped decode asks before launching ahead: it must say
+    True exactly when schedule_prefill would start a chunk."""
+    allocator = PageAllocator(num_pages=6, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=2, max_prefill_tokens=64)
+    a, b, c = (Sequence(i, i, 0, list(range(n)), n, seed=0) for i, n in enumerate((8, 9, 4)))
+    assert not sched.can_admit()  # nothing waits
+    for seq in (a, b, c):
+        sched.add(seq)
+    assert sched.can_admit()
+    chunks, _ = sched.schedule_prefill()  # a (2 pages) and b (3 pages, 1 left for a)
+    assert [s for s, _ in chunks] == [a, b]
+    for seq, n in chunks:
+        seq.cache_len = seq.num_computed = n
+        sched.finish_prefill(seq)
+    assert not sched.free_slots and not sched.can_admit()  # c waits for a slot
+    assert sched.schedule_prefill() == ([], [])
+    sched.finish(a, "stop")  # a slot and 2 pages come back: c's 4 tokens need 1 + 1 reserve
+    assert sched.can_admit()
+    assert [s for s, _ in sched.schedule_prefill()[0]] == [c]
