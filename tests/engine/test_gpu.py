@@ -153,6 +153,23 @@ def test_overlapped_steps_match_serial_steps(gpu_model, algorithm):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
 
 
+def test_overlapped_steps_with_a_queue_and_stops(gpu_model):
+    """More samples than slots and a stop token: the overlapped engine admits while it
+    decodes ahead; every sample must still be what the model gives its own prefix."""
+    ps = vocab_prompts(gpu_model, 10, 5, 60)
+    stop = ps[0][-1]  # a token the prompts use, so some samples stop early
+    engine = make_engine(gpu_model, kv_memory_gb=1.0, max_num_seqs=4)
+    outs = engine.generate(ps, SamplingParams(temperature=1.0, max_new_tokens=48, seed=2,
+                                              stop_token_ids=[stop]))
+    stops = {stop} | engine.eos_ids
+    assert {o.finish_reason for o in outs} <= {"stop", "length"}
+    for p, o in zip(ps, outs):
+        assert (o.finish_reason == "stop") == (o.token_ids[-1] in stops)
+        assert not stops & set(o.token_ids[:-1])
+        check_against_forward(gpu_model, p, o)
+    assert engine.allocator.num_free == engine.pool.num_pages
+
+
 def test_decode_results_copy_to_pinned_contiguous_memory(gpu_model):
     engine = make_engine(gpu_model, kv_memory_gb=1.0)
     out = torch.zeros(2, 5, dtype=torch.float64, device="cuda")
