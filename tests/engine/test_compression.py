@@ -114,3 +114,38 @@ def test_newline_trigger_fires_on_generated_newlines():
         assert o.num_compressions == count
         assert o.peak_cache_tokens <= max(len(p), max_cache_tokens(cfg))
     assert by_newline > 0
+
+
+def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monkeypatch):
+    """The batched compaction (gather, select_batch, pack) leaves in each (sequence, layer,
+    head) exactly the K/V that policy.select picks from that row's own keys and queries,
+    read naively from the pool: catches rows of the batch scored against another row's
+    (or another layer's) keys, which attention-over-kept-tokens checks cannot see."""
+    import minisparse.engine.engine as engine_mod
+
+    engine = make_engine(qwen2, CFG, page_size=4)
+    real, sizes = engine_mod.compact, []
+
+    def gather(pool, layer, row, n):
+        slots = pool.slots(torch.tensor([row]), n)[0]
+        return pool.k[layer, slots].transpose(0, 1), pool.v[layer, slots].transpose(0, 1)
+
+    def compact(pool, policy, rows, lens, next_pos):
+        want = {}
+        for row, n, pos in zip(rows, lens, next_pos):
+            q = pool.ring_queries(torch.tensor([row]), torch.tensor([pos]))[:, 0]
+            for layer in range(pool.k.shape[0]):
+                keys, values = gather(pool, layer, row, n)
+                keep = policy.select(keys, q[layer].transpose(0, 1))[..., None]
+                want[row, layer] = (keys.gather(1, keep.expand(-1, -1, keys.shape[-1])),
+                                    values.gather(1, keep.expand(-1, -1, keys.shape[-1])))
+        real(pool, policy, rows, lens, next_pos)
+        for (row, layer), (k, v) in want.items():
+            got_k, got_v = gather(pool, layer, row, policy.budget)
+            assert torch.equal(got_k, k) and torch.equal(got_v, v), (row, layer)
+        sizes.append(len(rows))
+
+    monkeypatch.setattr(engine_mod, "compact", compact)
+    ps = prompts(5, lo=12, hi=12, seed=4)  # same length: compressed together
+    engine.generate(ps, SamplingParams(max_new_tokens=40, seed=1, ignore_eos=True))
+    assert max(sizes) == 5
