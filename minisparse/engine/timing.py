@@ -15,6 +15,8 @@ from typing import Iterator
 
 import torch
 
+_FOLD_AT = 1024  # pending pairs of one region before the finished ones are folded in
+
 
 class PhaseTimer:
     def __init__(self, device: torch.device) -> None:
@@ -33,13 +35,26 @@ class PhaseTimer:
         start.record()
         yield
         end.record()
-        self.pending[name].append((start, end))
+        pairs = self.pending[name]
+        pairs.append((start, end))
+        if len(pairs) >= _FOLD_AT:  # a long generate(): fold the finished pairs in
+            self._fold(name, wait=False)
 
     def seconds(self) -> dict[str, float]:
         """Seconds per region name so far (waits for the recorded events)."""
-        for name, pairs in self.pending.items():
-            for start, end in pairs:
-                end.synchronize()
-                self.totals[name] += start.elapsed_time(end) / 1e3
-            pairs.clear()
+        for name in self.pending:
+            self._fold(name, wait=True)
         return dict(self.totals)
+
+    def _fold(self, name: str, wait: bool) -> None:
+        """Add the pairs of `name` whose end has run (all of them, waiting, if wait) to
+        its total, in recording order."""
+        pairs = self.pending[name]
+        done = 0
+        for start, end in pairs:
+            if not wait and not end.query():
+                break
+            end.synchronize()
+            self.totals[name] += start.elapsed_time(end) / 1e3
+            done += 1
+        del pairs[:done]
