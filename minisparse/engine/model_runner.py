@@ -3,7 +3,9 @@ masks) from the scheduled sequences, runs the forward and samples. Per-step host
 O(batch) list building; a decode step's inputs (token, position, page-table row, cache
 entry, seed, step of each sequence) go to the device in one copy, everything per token or
 per layer stays on the device, and the only device->host sync is reading the sampled
-tokens and their log-probs.
+tokens and their log-probs. A decode step is queued (launch) and read (collect)
+separately, so the engine can queue the next step, its inputs built on the device from
+this one's (next_inputs), before it waits.
 """
 from __future__ import annotations
 
