@@ -21,7 +21,7 @@ import torch
 
 from minisparse.compression import max_cache_tokens
 from minisparse.config import Algorithm, Backend, CompressConfig, Dtype, EngineConfig, choices
-from minisparse.engine import LLMEngine, SamplingParams
+from minisparse.engine import GenerateStats, LLMEngine, SamplingParams
 from minisparse.engine.bound import (copy_bandwidth, decode_bound, decode_roofline,
                                      kv_bytes_per_token, matmul_throughput,
                                      weight_bytes_per_step)
@@ -214,12 +214,12 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
     return result
 
 
-def phase_split(s) -> dict:
+def phase_split(s: GenerateStats) -> dict:
     """Where the run's wall time went: the engine's per-phase device time, and the rest
     (the device waiting for the host: scheduling, bookkeeping, launches)."""
-    phases = {k: getattr(s, k, 0.0) for k in ("prefill_s", "decode_s", "compress_s")}
-    return dict(phases, compress_events=getattr(s, "compress_events", 0),
-                compress_share=phases["compress_s"] / max(s.wall_s, 1e-9),
+    phases = dict(prefill_s=s.prefill_s, decode_s=s.decode_s, compress_s=s.compress_s)
+    return dict(phases, compress_events=s.compress_events,
+                compress_share=s.compress_s / max(s.wall_s, 1e-9),
                 host_s=max(0.0, s.wall_s - sum(phases.values())))
 
 

@@ -45,7 +45,7 @@ def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
     entries = torch.arange(lmax, device=pool.device)[None, None, :, None]
     index = _flat_rows(pool, rows[None, :, None, None], entries.expand(n_layers, s, lmax, h_kv))
     index = index.permute(1, 0, 3, 2).reshape(-1)  # [s, layers, H_kv, lmax]
-    keys = _wide(pool.k).view(-1, _width(pool.k)).index_select(0, index)
+    keys = _rows(pool.k).index_select(0, index)
     keys = keys.view(pool.k.dtype).view(s * n_layers, h_kv, lmax, d)
     del index
     queries = pool.ring_queries(rows, next_pos)  # [layers, s, W, H_q, D]
@@ -57,7 +57,7 @@ def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
     dst = _flat_rows(pool, rows[None, :, None, None],
                      torch.arange(budget, device=pool.device)[None, None, :, None].expand_as(keep))
     for cache in (pool.k, pool.v):
-        flat = _wide(cache).view(-1, _width(cache))  # one row per (layer, slot, head)
+        flat = _rows(cache)
         flat.index_copy_(0, dst.flatten(), flat.index_select(0, src.flatten()))
 
 
@@ -71,16 +71,13 @@ def _flat_rows(pool: KVPool, rows: torch.Tensor, entries: torch.Tensor) -> torch
     return (layer * slots + slot) * h_kv + head
 
 
-def _wide(cache: torch.Tensor) -> torch.Tensor:
-    """The cache with each head's D values read as few wide integers as divide them
-    (int64 for 128 bf16 values: 4x fewer elements for the copy kernels to index)."""
+def _rows(cache: torch.Tensor) -> torch.Tensor:
+    """The cache as one row per (layer, slot, head) of its D values, read as the widest
+    integers that divide them (int64 for 128 bf16 values: 4x fewer elements for the copy
+    kernels to index)."""
     row = cache.shape[-1] * cache.element_size()
     for dtype in (torch.int64, torch.int32, torch.int16):
         if row % dtype.itemsize == 0 and cache.element_size() <= dtype.itemsize:
-            return cache.view(dtype)
-    return cache
-
-
-def _width(cache: torch.Tensor) -> int:
-    """Elements per head row of _wide(cache)."""
-    return _wide(cache).shape[-1]
+            cache = cache.view(dtype)
+            break
+    return cache.view(-1, cache.shape[-1])

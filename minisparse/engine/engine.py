@@ -198,16 +198,16 @@ class LLMEngine:
     def _launch_next(self, sched: Scheduler, launch, params: SamplingParams):
         """Launch the step after `launch` before its tokens are read, when nothing about it
         depends on them: no waiting sequence could be admitted now, no compression falls
-        due, the pool has every page it needs without preempting. Sequences that will finish by
-        length at `launch` are left out; those that stop on a sampled token are not
-        known yet and run once more. None when the step cannot be predicted."""
-        tokens_decide = self.policy is not None and self.compress.divide_method != "step_length"
+        due, the pool has every page it needs without preempting. Sequences that will
+        finish by length at `launch` are left out; those that stop on a sampled token are
+        not known yet and run once more. None when the step cannot be predicted."""
+        tokens_decide = (self.policy is not None
+                         and self.compress.divide_method != "step_length")
         if tokens_decide or sched.can_admit():
             return None
         max_new, max_len = params.max_new_tokens, self.pool.max_model_len
         keep = [i for i, s in enumerate(launch.seqs) if s.finish_reason is None
-                and len(s.token_ids) + 1 - s.num_prompt < max_new
-                and len(s.token_ids) + 1 < max_len]
+                and not _at_length(s, len(s.token_ids) + 1, max_new, max_len)]
         if not keep:
             return None
         seqs = [launch.seqs[i] for i in keep]
@@ -245,7 +245,7 @@ class LLMEngine:
             seq.logprobs.append(lp)
             if tok in stop:
                 reason = "stop"
-            elif len(ids) - seq.num_prompt >= max_new or len(ids) >= max_len:
+            elif _at_length(seq, len(ids), max_new, max_len):
                 reason = "length"
             else:
                 continue
@@ -291,6 +291,12 @@ class LLMEngine:
                            [s.synced_pages for s in dirty])
         for seq in dirty:
             seq.synced_pages = len(seq.pages)
+
+
+def _at_length(seq: Sequence, n_ids: int, max_new: int, max_len: int) -> bool:
+    """Whether seq, holding n_ids token ids (prompt included), has reached its length:
+    max_new generated tokens or the context length."""
+    return n_ids - seq.num_prompt >= max_new or n_ids >= max_len
 
 
 def _cached_tokens(sched: Scheduler) -> int:

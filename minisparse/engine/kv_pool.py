@@ -58,7 +58,8 @@ class KVPool:
             rows = (self.cfg.max_num_seqs + 1) * self.window
             self.q_ring = torch.zeros(lm.num_layers, rows, lm.num_heads, lm.head_dim,
                                       dtype=dtype, device=dev)
-        self.num_pages = pool_bytes(self.cfg, dev, self.lm.fused_bytes) // self.bytes_per_page() - 1
+        budget = pool_bytes(self.cfg, dev, self.lm.fused_bytes)  # pays for the fused copy
+        self.num_pages = budget // self.bytes_per_page() - 1
         if self.num_pages < 1:
             raise RuntimeError("KV pool budget is smaller than two pages")
         pages_per_seq = min(self.num_pages, -(-self.max_model_len // self.page_size))

@@ -125,12 +125,6 @@ class ModelRunner:
         tokens, logprobs = self._sample(hidden[last], seeds, steps, sp)
         return seqs, tokens, logprobs
 
-    @torch.inference_mode()
-    def decode(self, seqs: list[Sequence], sp: SamplingParams):
-        """One token for each sequence (its last token goes in at cache index cache_len):
-        (tokens, logprobs) as host lists."""
-        return self.collect(self.launch(seqs, sp, self.step_inputs(seqs)))
-
     def step_inputs(self, seqs: list[Sequence]) -> torch.Tensor:
         """A decode step's inputs [6, B] from the sequences' host state, in one copy."""
         flat = [x for s in seqs for x in (s.last_token, s.num_computed, s.slot, s.cache_len,

@@ -44,7 +44,6 @@ class Scheduler:
         """Chunks (seq, n_tokens) to prefill this step, and sequences that cannot fit even
         in an otherwise empty pool (to be aborted; already removed from the queue)."""
         chunks, aborted, budget = [], [], self.max_prefill_tokens
-        ps = self.allocator.page_size
         for seq in list(self.waiting):
             if budget == 0 or (seq.slot < 0 and not self.free_slots):
                 break
