@@ -16,54 +16,35 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_rms_kernel(X, RES, W, OUT, RES_OUT, BIAS, eps, T, SPLITS, N: tl.constexpr,
-                    BLOCK: tl.constexpr, HAS_RES: tl.constexpr, PARTS: tl.constexpr,
-                    HAS_BIAS: tl.constexpr):
+def _add_rms_kernel(X, RES, W, OUT, RES_OUT, eps, N: tl.constexpr, BLOCK: tl.constexpr,
+                    HAS_RES: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    dt = OUT.dtype.element_ty
-    if PARTS:  # the float32 slices of a split-K product, summed in order, rounded once
-        acc = tl.load(X + row * N + cols, mask=mask, other=0.0)
-        for s in range(1, SPLITS):
-            acc += tl.load(X + (s * T + row) * N + cols, mask=mask, other=0.0)
-        if HAS_BIAS:
-            acc += tl.load(BIAS + cols, mask=mask, other=0.0).to(tl.float32)
-        x = acc.to(dt)
-    else:
-        x = tl.load(X + row * N + cols, mask=mask, other=0.0)
+    x = tl.load(X + row * N + cols, mask=mask, other=0.0)
     if HAS_RES:  # h = h + x, rounded to the model dtype as PyTorch's add
         x = (x.to(tl.float32) + tl.load(RES + row * N + cols, mask=mask, other=0.0)
-             .to(tl.float32)).to(dt)
-    if HAS_RES or PARTS:
+             .to(tl.float32)).to(X.dtype.element_ty)
         tl.store(RES_OUT + row * N + cols, x, mask=mask)
     h = x.to(tl.float32)
     var = tl.sum(h * h, 0) / N
-    y = (h * tl.rsqrt(var + eps)).to(dt)
+    y = (h * tl.rsqrt(var + eps)).to(X.dtype.element_ty)
     w = tl.load(W + cols, mask=mask, other=0.0)
-    tl.store(OUT + row * N + cols, (w.to(tl.float32) * y.to(tl.float32)).to(dt), mask=mask)
+    tl.store(OUT + row * N + cols, (w.to(tl.float32) * y.to(tl.float32)).to(OUT.dtype.element_ty),
+             mask=mask)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float, bias: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h) * weight, h) with h = residual + x (or x when residual is None);
-    x, residual [T, N] contiguous in the model dtype. x may instead be the float32
-    partial products [splits, T, N] of splitk_linear.linear_parts (plus bias [N]): h then
-    adds their sum rounded to the model dtype, i.e. the projection's output."""
-    parts = x.dim() == 3
-    if bias is not None and not parts:
-        raise ValueError("add_rms_norm: bias is only added to split-K partial products")
-    T, N = x.shape[-2:]
-    dtype = x.dtype if not parts else residual.dtype if residual is not None else weight.dtype
-    out = torch.empty(T, N, dtype=dtype, device=x.device)
-    res_out = x if residual is None and not parts else torch.empty_like(out)
+    x, residual [T, N] contiguous in the model dtype."""
+    T, N = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
     if T:
         _add_rms_kernel[(T,)](x, residual if residual is not None else x, weight, out, res_out,
-                              bias if bias is not None else weight, eps, T,
-                              x.shape[0] if parts else 1, N=N,
-                              BLOCK=triton.next_power_of_2(N), HAS_RES=residual is not None,
-                              PARTS=parts, HAS_BIAS=bias is not None, num_warps=4)
+                              eps, N=N, BLOCK=triton.next_power_of_2(N),
+                              HAS_RES=residual is not None, num_warps=4)
     return out, res_out
 
 
