@@ -148,11 +148,15 @@ class SnapKV:
         return torch.cat([top, recent], dim=-1).sort(dim=-1).values
 
     def _scratch_bytes_per_row(self, keys: torch.Tensor, queries: torch.Tensor) -> int:
-        """Peak temporary bytes of one row: float32 copies of the keys (up to three live
-        at once in R-KV's normalisation) and of the logits (pooled, masked, softmaxed)."""
+        """Peak temporary bytes of one row: the float32 logits of all query heads, then
+        pooled over each group (masked, softmaxed: up to three live at once), and off CUDA
+        a float32 copy of the keys for the product (on CUDA it runs in the input dtype
+        with a float32 result). An estimate that is several times the real peak makes
+        chunks, and their launches and syncs, several times too many."""
         h_kv, lmax, dim = keys.shape[1], keys.shape[2], keys.shape[3]
         h_q, window = queries.shape[1], queries.shape[2]
-        return 4 * (3 * h_kv * lmax * dim + 3 * h_q * window * lmax) + 1
+        upcast = 0 if keys.is_cuda else h_kv * lmax * dim
+        return 4 * (upcast + (h_q + 3 * h_kv) * window * lmax) + 1
 
     def _check_single(self, keys: torch.Tensor, queries: torch.Tensor) -> None:
         """One row's shapes: keys [H_kv, L, D], queries [H_q, W, D]."""
@@ -208,14 +212,16 @@ class RKV(SnapKV):
         return self.mix_lambda * importance - (1.0 - self.mix_lambda) * penalty
 
     def _scratch_bytes_per_row(self, keys: torch.Tensor, queries: torch.Tensor) -> int:
-        """Adds R-KV's scratch: with the Triton kernels (CUDA) a few float32 / int64 values
-        per token; in the PyTorch path the L x L similarity matrix in the input dtype plus
-        its one-byte mask, and the reversed unit keys in the input dtype."""
+        """Adds R-KV's scratch: with the Triton kernels (CUDA) the unit keys in the input
+        dtype and a few float32 / int64 values per token; in the PyTorch path the L x L similarity matrix in the input dtype plus
+        its one-byte mask, the reversed unit keys in the input dtype, and float32 copies
+        of the keys (up to three live at once in the normalisation)."""
         h_kv, lmax, dim = keys.shape[1], keys.shape[2], keys.shape[3]
         if uses_triton(keys):
-            extra = h_kv * lmax * (4 + 4 + 8 + 4 + 4)
+            extra = h_kv * lmax * (dim * keys.element_size() + 4 + 4 + 8 + 4 + 4)
         else:
-            extra = h_kv * lmax * (lmax + dim) * (keys.element_size() + 1)
+            extra = (h_kv * lmax * (lmax + dim) * (keys.element_size() + 1)
+                     + 4 * 3 * h_kv * lmax * dim)
         return super()._scratch_bytes_per_row(keys, queries) + extra
 
 

@@ -6,6 +6,9 @@ every layer holds exactly `budget` entries and attention needs only the per-sequ
 length. Kept indices are ascending and index[j] >= j, and all kept values are gathered
 before any is written, so packing in place is safe. The caller returns the pages past
 the first ceil(budget / page_size) to the pool (Scheduler.compacted).
+
+On CUDA the key gather and the packing are Triton kernels (triton_compaction) that read
+the page table themselves; the PyTorch copies here are the CPU path and their reference.
 """
 from __future__ import annotations
 
@@ -14,6 +17,19 @@ import torch
 from minisparse.engine.kv_pool import KVPool
 
 _GATHER_BYTES = 1 << 30  # cap on the gathered keys per group of sequences
+_triton_impl = None  # engine.triton_compaction, False when Triton is unusable
+
+
+def _triton():
+    """The Triton copies for CUDA pools, imported on first use (as paged_decode does)."""
+    global _triton_impl
+    if _triton_impl is None:
+        try:
+            from minisparse.engine import triton_compaction
+            _triton_impl = triton_compaction
+        except ImportError:
+            _triton_impl = False
+    return _triton_impl
 
 
 @torch.no_grad()
@@ -27,7 +43,8 @@ def compact(pool: KVPool, policy, rows: list[int], cache_lens: list[int],
     group = max(1, _GATHER_BYTES // per_seq)
     for i in range(0, len(rows), group):
         _compact_group(pool, policy, *(pool_tensor(pool, x[i:i + group])
-                                       for x in (rows, cache_lens, next_pos)))
+                                       for x in (rows, cache_lens, next_pos)),
+                       lmax=max(cache_lens[i:i + group]))
 
 
 def pool_tensor(pool: KVPool, values: list[int]) -> torch.Tensor:
@@ -35,23 +52,24 @@ def pool_tensor(pool: KVPool, values: list[int]) -> torch.Tensor:
 
 
 def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
-                   next_pos: torch.Tensor) -> None:
+                   next_pos: torch.Tensor, lmax: int) -> None:
+    """lmax: max(lens), known on the host (no device sync)."""
     n_layers, _, h_kv, d = pool.k.shape
     s, budget = rows.shape[0], policy.budget
-    lmax = int(lens.max())
-    # Each (sequence, layer, head)'s keys in the order scoring reads them, gathered as rows
-    # of D values (int64 words) in one index_select: per-element advanced indexing moved
-    # ~0.25 TB/s, and gathering pages then permuting copied the ~3 GB twice.
-    entries = torch.arange(lmax, device=pool.device)[None, None, :, None]
-    index = _flat_rows(pool, rows[None, :, None, None], entries.expand(n_layers, s, lmax, h_kv))
-    index = index.permute(1, 0, 3, 2).reshape(-1)  # [s, layers, H_kv, lmax]
-    keys = _rows(pool.k).index_select(0, index)
-    keys = keys.view(pool.k.dtype).view(s * n_layers, h_kv, lmax, d)
-    del index
+    fast = _triton() if pool.k.is_cuda else False
+    if fast:
+        keys = fast.gather_keys(pool.k, pool.page_table, pool.page_size, rows, lens, lmax)
+    else:
+        keys = _gather_keys(pool, rows, lmax)
+    keys = keys.view(s * n_layers, h_kv, lmax, d)
     queries = pool.ring_queries(rows, next_pos)  # [layers, s, W, H_q, D]
     queries = queries.permute(1, 0, 3, 2, 4).reshape(s * n_layers, -1, pool.window, d)
     keep = policy.select_batch(keys, queries, lens.repeat_interleave(n_layers))
     del keys, queries
+    if fast:
+        fast.compact_in_place(pool.k, pool.v, pool.page_table, pool.page_size, rows,
+                              keep.view(s, n_layers, h_kv, budget))
+        return
     keep = keep.view(s, n_layers, h_kv, budget).permute(1, 0, 3, 2)  # [layers, s, budget, H]
     src = _flat_rows(pool, rows[None, :, None, None], keep)
     dst = _flat_rows(pool, rows[None, :, None, None],
@@ -59,6 +77,21 @@ def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
     for cache in (pool.k, pool.v):
         flat = _rows(cache)
         flat.index_copy_(0, dst.flatten(), flat.index_select(0, src.flatten()))
+
+
+def _gather_keys(pool: KVPool, rows: torch.Tensor, lmax: int) -> torch.Tensor:
+    """Each (sequence, layer, head)'s keys in the order scoring reads them, [s, layers,
+    H_kv, lmax, D], gathered as rows of D values (int64 words) in one index_select:
+    per-element advanced indexing moved ~0.25 TB/s, and gathering pages then permuting
+    copied the ~3 GB twice. Entries past a sequence's length hold whatever their slot
+    holds (scoring masks them)."""
+    n_layers, _, h_kv, d = pool.k.shape
+    entries = torch.arange(lmax, device=pool.device)[None, None, :, None]
+    index = _flat_rows(pool, rows[None, :, None, None],
+                       entries.expand(n_layers, rows.shape[0], lmax, h_kv))
+    index = index.permute(1, 0, 3, 2).reshape(-1)  # [s, layers, H_kv, lmax]
+    keys = _rows(pool.k).index_select(0, index)
+    return keys.view(pool.k.dtype).view(rows.shape[0], n_layers, h_kv, lmax, d)
 
 
 def _flat_rows(pool: KVPool, rows: torch.Tensor, entries: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """The compiled Triton kernels on CUDA (skipped without it): the fused sampler at the real
-vocabulary and the elementwise kernels, against the PyTorch references. Kept apart from
+vocabulary, the elementwise kernels and compaction's copies, against the PyTorch
+references. Kept apart from
 the interpreter tests, which switch Triton to its interpreter for the whole process; run
 this module in its own pytest process on a GPU machine."""
 from __future__ import annotations
@@ -38,3 +39,12 @@ def test_elementwise_kernels(ops, dtype):
 
 def test_rope_query_ring_write(ops):
     cpu_ops.test_rope_writes_query_ring_rows(ops, "cuda")
+
+
+@pytest.mark.parametrize("budget,L", [(40, 47), (70, 90)])
+def test_compaction_copies(budget, L):
+    import test_triton_compaction as cpu_tc
+    from minisparse.engine import triton_compaction
+
+    cpu_tc.check_gather(triton_compaction, "cuda", 128)
+    cpu_tc.check_compact(triton_compaction, "cuda", 128, budget, L)

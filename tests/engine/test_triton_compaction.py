@@ -1,0 +1,87 @@
+"""engine.triton_compaction under Triton's interpreter against compaction.py's PyTorch
+copies: the key gather scoring reads, and the in-place packing of the kept entries.
+test_gpu_kernels.py runs the same checks compiled, at the 3B head size."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from minisparse.engine import compaction
+from triton_interpreter import import_interpreted
+
+LAYERS, H, PS = 3, 2, 4
+
+
+@pytest.fixture(scope="module")
+def tc():
+    return import_interpreted("minisparse.engine.triton_compaction")
+
+
+def _pool(device: str = "cpu", d: int = 16, seed: int = 0, num_pages: int = 128,
+          seqs: int = 5, pages_each: int = 24):
+    """A pool with random contents whose sequences own shuffled, disjoint pages."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (LAYERS, (num_pages + 1) * PS, H, d)
+    k, v = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    pages = torch.randperm(num_pages, generator=g)[:seqs * pages_each].view(seqs, pages_each)
+    table = torch.zeros(seqs + 1, pages_each + 2, dtype=torch.long)
+    table[:seqs, :pages_each] = pages
+    pool = SimpleNamespace(k=k.to(device), v=v.to(device), page_table=table.to(device),
+                           page_size=PS, device=torch.device(device))
+    pool.slot_of = lambda rows, index: pool.page_table[rows, index // PS] * PS + index % PS
+    return pool
+
+
+def check_gather(tc, device: str, d: int) -> None:
+    pool = _pool(device, d)
+    rows = torch.tensor([3, 0, 4], device=device)
+    lens = torch.tensor([45, 37, 48], device=device)
+    got = tc.gather_keys(pool.k, pool.page_table, PS, rows, lens, 48)
+    want = compaction._gather_keys(pool, rows, 48)
+    assert got.shape == want.shape == (3, LAYERS, H, 48, d)
+    for i, n in enumerate(lens.tolist()):
+        assert torch.equal(got[i, :, :, :n], want[i, :, :, :n])
+        assert not got[i, :, :, n:].any()  # zeros past the sequence's length
+
+
+def check_compact(tc, device: str, d: int, budget: int, L: int) -> None:
+    """Each head keeps its own ascending entries; the kernel packs them in place block by
+    block and must end where the PyTorch gather-then-scatter ends, everywhere in the pool."""
+    pool = _pool(device, d, seed=budget)
+    rows = torch.tensor([1, 4, 2], device=device)
+    g = torch.Generator().manual_seed(budget)
+    keep = torch.stack([torch.randperm(L, generator=g)[:budget].sort().values
+                        for _ in range(3 * LAYERS * H)]).view(3, LAYERS, H, budget)
+    keep[0, 0, 0] = torch.arange(budget)  # nothing moves
+    keep[1, 1, 1] = torch.arange(L - budget, L)  # everything moves by the same shift
+    keep = keep.to(device)
+    want = SimpleNamespace(**vars(pool))
+    want.k, want.v = pool.k.clone(), pool.v.clone()
+    keep_lh = keep.permute(1, 0, 3, 2)  # [layers, s, budget, H], as _compact_group has it
+    src = compaction._flat_rows(want, rows[None, :, None, None], keep_lh)
+    dst = compaction._flat_rows(want, rows[None, :, None, None], torch.arange(
+        budget, device=device)[None, None, :, None].expand_as(keep_lh))
+    for cache in (want.k, want.v):
+        flat = compaction._rows(cache)
+        flat.index_copy_(0, dst.flatten(), flat.index_select(0, src.flatten()))
+    assert not torch.equal(want.k, pool.k)
+    tc.compact_in_place(pool.k, pool.v, pool.page_table, PS, rows, keep)
+    assert torch.equal(pool.k, want.k) and torch.equal(pool.v, want.v)
+
+
+def test_gather_keys_matches_index_select(tc):
+    check_gather(tc, "cpu", 16)
+
+
+@pytest.mark.parametrize("budget,L", [(40, 47), (70, 90)])  # 2 or 3 blocks of 32, a tail
+def test_compact_in_place_matches_gather_then_copy(tc, budget, L):
+    check_compact(tc, "cpu", 16, budget, L)
+
+
+def test_rejects_non_contiguous_cache(tc):
+    pool = _pool()
+    with pytest.raises(ValueError, match="contiguous"):
+        tc.gather_keys(pool.k.transpose(2, 3), pool.page_table, PS, torch.tensor([0]),
+                       torch.tensor([8]), 8)
