@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisparse.engine.layers import paged_decode
 from minisparse.engine.layers.attention import AttnContext, attend, paged_attention
 
 _fused_ops = None  # layers.fused_ops (Triton), imported on the first CUDA forward
@@ -33,6 +34,12 @@ def fused_ops():
         except ImportError:
             _fused_ops = False
     return _fused_ops
+
+
+def decode_kernels(h: torch.Tensor):
+    """The Triton decode-attention module whose rope_decode_attention a CUDA decode step
+    uses (False off CUDA: the CPU forward writes the cache, then attends)."""
+    return paged_decode.triton_kernels(h)
 
 
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -166,21 +173,30 @@ class CausalLM:
     def _forward_kernels(self, h, cos, sin, ctx, k_cache, v_cache, q_ring) -> torch.Tensor:
         """forward() with one Triton kernel per elementwise stage (layers.fused_ops): each
         residual add rides with the next RMSNorm, RoPE writes K/V (and the query ring)
-        straight into the pool, SiLU(gate) * up reads the fused gate/up product. Same
-        roundings as forward()."""
+        straight into the pool (in a decode step, inside the attention kernel:
+        triton_decode.rope_decode_attention), SiLU(gate) * up reads the fused gate/up
+        product. Same roundings as forward()."""
         ops, N = fused_ops(), h.shape[0]
         norms = [layer.input_layernorm for layer in self.layers]
         ring_rows = None  # per token: its query-ring row, -1 when it keeps none
         if q_ring is not None and ctx.ring_src is not None:
             ring_rows = torch.full((N,), -1, dtype=torch.long, device=h.device)
             ring_rows[ctx.ring_src] = ctx.ring_dst
+        decode = decode_kernels(h) if ctx.is_decode else False
         x, h = ops.add_rms_norm(h, None, norms[0].weight, norms[0].variance_epsilon)
         for i, layer in enumerate(self.layers):
             attn, (w_qkv, b_qkv, w_gu) = layer.self_attn, self.fused[i]
-            q = ops.rope_and_cache(F.linear(x, w_qkv, b_qkv), cos, sin, ctx.slot_mapping,
-                                   k_cache[i], v_cache[i], self.num_heads, self.num_kv_heads,
-                                   q_ring[i] if ring_rows is not None else None, ring_rows)
-            o = attend(q, k_cache[i], v_cache[i], ctx, self.scale)
+            qkv = F.linear(x, w_qkv, b_qkv)
+            ring = q_ring[i] if ring_rows is not None else None
+            if decode:  # RoPE, cache and ring writes inside the attention kernel
+                o = decode.rope_decode_attention(
+                    qkv, cos, sin, ctx.slot_mapping, k_cache[i], v_cache[i], ctx.page_table,
+                    ctx.rows, ctx.cache_lens, ctx.page_size, self.scale, self.num_heads, ring,
+                    ring_rows, max_len=ctx.max_len)
+            else:
+                q = ops.rope_and_cache(qkv, cos, sin, ctx.slot_mapping, k_cache[i], v_cache[i],
+                                       self.num_heads, self.num_kv_heads, ring, ring_rows)
+                o = attend(q, k_cache[i], v_cache[i], ctx, self.scale)
             o = F.linear(o.reshape(N, -1), attn.o_proj.weight, attn.o_proj.bias)
             post = layer.post_attention_layernorm
             x, h = ops.add_rms_norm(o, h, post.weight, post.variance_epsilon)

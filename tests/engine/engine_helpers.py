@@ -3,6 +3,8 @@
 transformers itself, and the Tracker that checks compressed attention."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -145,6 +147,25 @@ def track(engine, monkeypatch) -> Tracker:
                             q, keys, values, k_cache, v_cache, ctx, scale)
 
     monkeypatch.setattr(models_mod, "attend", attend)
+    real_kernels = models_mod.decode_kernels
+
+    def decode_kernels(h):  # CUDA decode: RoPE and the K/V write inside the attention kernel
+        kernels = real_kernels(h)
+        if not kernels:
+            return kernels
+
+        def rope_decode_attention(qkv, cos, sin, slots, k_cache, v_cache, *rest, **kw):
+            out = kernels.rope_decode_attention(qkv, cos, sin, slots, k_cache, v_cache,
+                                                *rest, **kw)
+            num_heads, D = rest[5], k_cache.shape[-1]
+            q = qkv[:, :num_heads * D].view(qkv.shape[0], num_heads, D)
+            q = q * cos + models_mod.rotate_half(q) * sin
+            return tr.attention(lambda *a: out, q, k_cache[slots], v_cache[slots], k_cache,
+                                v_cache, None, rest[4])
+
+        return SimpleNamespace(rope_decode_attention=rope_decode_attention)
+
+    monkeypatch.setattr(models_mod, "decode_kernels", decode_kernels)
     runner = engine.runner
     real_launch, real_prefill = runner.launch, runner.prefill
     monkeypatch.setattr(runner, "launch",

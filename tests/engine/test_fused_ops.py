@@ -120,9 +120,12 @@ def test_rope_supported(ops):
     assert ops.rope_supported(16, 2, 128) and not ops.rope_supported(12, 2, 128)
 
 
-def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2):
+@pytest.mark.parametrize("fused_decode", [False, True])
+def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused_decode):
     """The whole engine on the kernel path (interpreted) vs the reference path: same greedy
-    tokens, log-probs equal to float32 rounding, dense and with the query ring (R-KV)."""
+    tokens, log-probs equal to float32 rounding, dense and with the query ring (R-KV).
+    fused_decode: decode steps run RoPE + cache write + attention as one kernel (as on
+    CUDA), else RoPE + cache write, then the PyTorch decode attention (as on CPU)."""
     from minisparse.config import CompressConfig
 
     ps = prompts(2, lo=4, hi=12)
@@ -131,6 +134,13 @@ def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2):
     want = [make_engine(qwen2, c, page_size=4).generate(ps, params) for c in (None, cfg)]
     monkeypatch.setattr(models_mod, "_fused_ops", ops)
     monkeypatch.setattr(models_mod.CausalLM, "_use_kernels", lambda self, h: bool(self.fused))
+    calls = []
+    if fused_decode:
+        decode = import_interpreted("minisparse.engine.layers.triton_decode")
+        kernel = decode.rope_decode_attention
+        monkeypatch.setattr(decode, "rope_decode_attention",
+                            lambda *a, **k: calls.append(1) or kernel(*a, **k))
+        monkeypatch.setattr(models_mod, "decode_kernels", lambda h: decode)
     for c, ref in zip((None, cfg), want):
         engine = make_engine(qwen2, c, page_size=4)
         engine.lm.fuse = True
@@ -139,4 +149,5 @@ def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2):
         for a, b in zip(got, ref):
             assert a.token_ids == b.token_ids
             torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+    assert bool(calls) == fused_decode
     assert build("llama").config.hidden_act == "silu"

@@ -11,6 +11,7 @@ import torch
 from minisparse.engine.layers.paged_decode import paged_decode_attention, paged_decode_reference
 
 from paged_decode_cases import interpreted_triton_decode, make_case, naive_reference, rel_err
+from triton_interpreter import import_interpreted
 
 TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
@@ -90,6 +91,66 @@ def test_triton_strided_q_zero_length_and_max_len(td):
     out = td.paged_decode_attention(*c.args(), max_len=64, num_splits=2)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert rel_err(out[1:], naive_reference(c)[1:]) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def rope_ops():
+    """fused_ops, whose RoPE + cache write the fused decode kernel must reproduce."""
+    if torch.cuda.is_available():
+        from minisparse.engine.layers import fused_ops
+
+        return fused_ops
+    return import_interpreted("minisparse.engine.layers.fused_ops")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [1, 2, 3])
+def test_rope_decode_matches_rope_then_attention(td, rope_ops, dtype, num_splits):
+    """rope_decode_attention (RoPE, K/V write, ring write and attention in one kernel)
+    against rope_and_cache followed by paged_decode_attention: the same cache and ring
+    contents exactly, the same output up to where the new entry enters the softmax (last
+    instead of in its block). Lengths put the new entry at a page start, a page end, inside
+    a block and alone (length 1); with splits it lands in different splits."""
+    page_size, h_q, h_kv, D = 16, 4, 2, 64
+    lens = [1, 16, 17, 53, 150]
+    B = len(lens)
+    c = make_case(lens, h_q, h_kv, D, page_size, dtype, device=DEV, seed=7)
+    g = torch.Generator().manual_seed(8)
+    qkv = torch.randn(B, (h_q + 2 * h_kv) * D, generator=g).to(DEV, dtype)
+    ang = torch.rand(B, 1, D, generator=g) * 6
+    cos, sin = ang.cos().to(DEV, dtype), ang.sin().to(DEV, dtype)
+    last = c.cache_lens.long() - 1
+    slots = c.page_table[c.rows, last // page_size] * page_size + last % page_size
+    ring_rows = torch.tensor([3, -1, 0, 7, 9], device=DEV)
+    caches, rings = [], []
+    for fused in (False, True):
+        k, v = c.k_cache.clone(), c.v_cache.clone()
+        ring = torch.full((10, h_q, D), float("nan"), dtype=dtype, device=DEV)
+        if fused:
+            out = td.rope_decode_attention(qkv, cos, sin, slots, k, v, c.page_table, c.rows,
+                                           c.cache_lens, page_size, c.scale, h_q, ring,
+                                           ring_rows, num_splits=num_splits)
+        else:
+            q = rope_ops.rope_and_cache(qkv, cos, sin, slots, k, v, h_q, h_kv, ring, ring_rows)
+            want = td.paged_decode_attention(q, k, v, c.page_table, c.rows, c.cache_lens,
+                                             page_size, c.scale, num_splits=num_splits)
+        caches.append((k, v))
+        rings.append(ring)
+    assert out.shape == want.shape and out.dtype == dtype
+    assert rel_err(out, want) < (1e-5 if dtype == torch.float32 else 1e-2)
+    for a, b in zip(*caches):  # NaN poison elsewhere: compare as bytes
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert torch.equal(rings[0].view(torch.uint8), rings[1].view(torch.uint8))
+    assert not rings[1][[3, 0, 7, 9]].isnan().any()
+
+
+def test_rope_decode_rejects_a_qkv_of_the_wrong_width(td):
+    c = make_case([4], 4, 2, 64, 16, torch.float32, device=DEV)
+    qkv = torch.zeros(1, 7 * 64, device=DEV)
+    with pytest.raises(ValueError, match="qkv"):
+        td.rope_decode_attention(qkv, qkv[:, None, :64], qkv[:, None, :64], c.rows,
+                                 c.k_cache, c.v_cache, c.page_table, c.rows, c.cache_lens,
+                                 16, 1.0, 4)
 
 
 def test_choose_splits(td):

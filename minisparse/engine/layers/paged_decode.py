@@ -13,6 +13,11 @@ import torch
 _triton_impl = None  # the triton_decode module, False when Triton is unusable
 
 
+def triton_kernels(x: torch.Tensor):
+    """The triton_decode module for CUDA tensors, False elsewhere or without Triton."""
+    return _triton() if x.is_cuda else False
+
+
 def _triton():
     global _triton_impl
     if _triton_impl is None:
@@ -59,7 +64,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     one layer; page_table [R, P] page ids; rows [B] page-table row of each query; cache_lens
     [B] valid entries including the token just written. Returns [B, H_q, D] in q's dtype.
     max_len (host-side bound on cache_lens) avoids a device->host sync; pass it when known."""
-    impl = _triton() if q.is_cuda else False
+    impl = triton_kernels(q)
     if impl:
         return impl.paged_decode_attention(q, k_cache, v_cache, page_table, rows, cache_lens,
                                            page_size, scale, max_len=max_len)

@@ -8,7 +8,10 @@ depend on page_size) and serves all G query heads of that KV head with one tl.do
 [G_PAD, D] query tile (G padded to 16, the smallest MMA M; the padded rows are free because
 the kernel is bound by the K/V loads, not by the MMA). When B * H_kv programs cannot fill the
 GPU, the sequence axis is split (flash-decoding) and a second kernel merges the partial
-results through their log-sum-exps. Softmax runs in fp32 in base 2. fp32 inputs use exact
+results through their log-sum-exps. Softmax runs in fp32 in base 2. rope_decode_attention
+is the same kernel taking the step's fused qkv projection instead of rotated queries: it
+applies RoPE itself and writes the new K/V (and the compression query ring), which saves
+the separate RoPE launch per layer of a decode step. fp32 inputs use exact
 (non-TF32) dots; so do CPU tensors, i.e. Triton's interpreter, whose bf16/fp16 tl.dot
 returns garbage in Triton 3.6.
 """
@@ -24,11 +27,32 @@ _MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost outweighs the extra p
 
 
 @triton.jit
+def _rotate(base, rows, d, cos, sin, mask, D: tl.constexpr, DT: tl.constexpr):
+    """x * cos + rotate_half(x) * sin for rows of D values at base + rows * D, each product
+    and the sum rounded to DT as the PyTorch path (and fused_ops' RoPE kernel) round them."""
+    first = d < D // 2
+    partner = tl.where(first, d + D // 2, d - D // 2)
+    sign = tl.where(first, -1.0, 1.0)
+    x = tl.load(base + rows[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    xr = tl.load(base + rows[:, None] * D + partner[None, :], mask=mask, other=0.0)
+    a = (x * cos[None, :]).to(DT).to(tl.float32)
+    b = ((xr.to(tl.float32) * sign[None, :]).to(DT).to(tl.float32) * sin[None, :])
+    return (a + b.to(DT).to(tl.float32)).to(DT)
+
+
+@triton.jit
 def _split_kernel(Q, K, V, PT, ROWS, LENS, OUT, MID_O, MID_LSE, qk_scale, split_len,
                   stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_pt,
                   stride_ob, stride_oh, stride_mb, stride_mh, stride_ms,
+                  COS, SIN, SLOTS, RING, RING_ROWS,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                  BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, IEEE: tl.constexpr):
+                  BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, IEEE: tl.constexpr,
+                  ROPE: tl.constexpr, HKV: tl.constexpr, HAS_RING: tl.constexpr):
+    """ROPE: Q is the fused qkv projection (row stride stride_qb); this program rotates its
+    query heads itself, and the split holding the new token (entry length - 1, not in the
+    cache yet) rotates its key, writes key and value to SLOTS[b] (and the queries to the
+    ring row RING_ROWS[b] when >= 0), and attends to it from registers after the cached
+    entries."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -40,15 +64,25 @@ def _split_kernel(Q, K, V, PT, ROWS, LENS, OUT, MID_O, MID_LSE, qk_scale, split_
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)
     heads = h * G + g
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=(g < G)[:, None], other=0.0)
+    gmask = (g < G)[:, None]
+    DT = OUT.dtype.element_ty
+    qbase = Q + b.to(tl.int64) * stride_qb
+    if ROPE:
+        cos = tl.load(COS + b.to(tl.int64) * D + d).to(tl.float32)
+        sin = tl.load(SIN + b.to(tl.int64) * D + d).to(tl.float32)
+        q = _rotate(qbase, heads, d, cos, sin, gmask, D, DT)
+        last = length - 1
+        cached_end = tl.minimum(end, last)
+    else:
+        q = tl.load(qbase + heads[:, None] * stride_qh + d[None, :], mask=gmask, other=0.0)
+        cached_end = end
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.full([G_PAD], 0.0, tl.float32)
     acc = tl.full([G_PAD, D], 0.0, tl.float32)
     pt_row = PT + row * stride_pt
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(start, cached_end, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
-        valid = j < end
+        valid = j < cached_end
         page = tl.load(pt_row + j // PAGE, mask=valid, other=0).to(tl.int64)
         slot = page * PAGE + j % PAGE
         k = tl.load(K + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
@@ -70,10 +104,31 @@ def _split_kernel(Q, K, V, PT, ROWS, LENS, OUT, MID_O, MID_LSE, qk_scale, split_
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m = m_new
+    if ROPE:
+        if (start <= last) & (last < end):
+            one = tl.arange(0, 1)
+            k_new = _rotate(qbase, G * HKV + h + one, d, cos, sin, one[:, None] >= 0, D, DT)
+            v_new = tl.load(qbase + (G * HKV + HKV + h + one)[:, None] * D + d[None, :])
+            slot = tl.load(SLOTS + b).to(tl.int64)
+            tl.store(K + slot * stride_ks + h * stride_kh + one[:, None] * 0 + d[None, :], k_new)
+            tl.store(V + slot * stride_vs + h * stride_vh + one[:, None] * 0 + d[None, :], v_new)
+            if HAS_RING:
+                ring_row = tl.load(RING_ROWS + b)
+                if ring_row >= 0:
+                    tl.store(RING + ring_row * (G * HKV * D) + heads[:, None] * D + d[None, :],
+                             q, mask=gmask)
+            qk = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), 1) * qk_scale  # [G_PAD]
+            m_new = tl.maximum(m, qk)
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(qk - m_new)
+            l = l * alpha + p
+            if not IEEE:
+                p = p.to(DT).to(tl.float32)  # as the dot rounds p to the cache dtype
+            acc = acc * alpha[:, None] + p[:, None] * v_new.to(tl.float32)
+            m = m_new
 
     nonempty = l > 0
     o = acc / tl.where(nonempty, l, 1.0)[:, None]  # empty split or length 0 -> zeros
-    gmask = (g < G)[:, None]
     if SINGLE:
         ptr = OUT + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(ptr, o.to(OUT.dtype.element_ty), mask=gmask)
@@ -136,9 +191,51 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_warps, num_stages: the tiling; the defaults were the fastest (within 2%) of
     32-128 / 2-8 / 1-4 and 1-4 splits on an H200 at B = 256 and 1,024, L = 600-4,096."""
     B, h_q, D = q.shape
+    _check(h_q, D, k_cache, v_cache, page_size, block_n)
+    q = q if q.stride(2) == 1 else q.contiguous()
+    out = torch.empty_like(q)
+    return _launch(q, q.stride(0), q.stride(1), out, k_cache, v_cache, page_table, rows,
+                   cache_lens, page_size, scale, max_len, num_splits, block_n, num_warps,
+                   num_stages)
+
+
+def rope_decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          page_table: torch.Tensor, rows: torch.Tensor,
+                          cache_lens: torch.Tensor, page_size: int, scale: float,
+                          num_heads: int, ring: torch.Tensor | None = None,
+                          ring_rows: torch.Tensor | None = None, *,
+                          max_len: int | None = None, num_splits: int | None = None,
+                          block_n: int = 64, num_warps: int = 4,
+                          num_stages: int = 2) -> torch.Tensor:
+    """One decode step's RoPE, K/V cache write, query-ring write and attention in one
+    kernel: fused_ops.rope_and_cache followed by paged_decode_attention, for qkv [B,
+    (H_q + 2 H_kv) D] (the fused projection, one new token per sequence) whose new token
+    is entry cache_lens[b] - 1, stored at slots[b]. cos/sin [B, 1, D]; ring/ring_rows as
+    for rope_and_cache. Returns the attention output [B, H_q, D].
+
+    Why: the separate RoPE kernel was one more launch per layer and a round trip of the
+    queries; here each (sequence, KV head) program rotates its own queries, and the one
+    holding the new entry writes it and attends to it from registers."""
+    B = qkv.shape[0]
+    _, h_kv, D = k_cache.shape
+    _check(num_heads, D, k_cache, v_cache, page_size, block_n)
+    if qkv.shape[1] != (num_heads + 2 * h_kv) * D or qkv.stride(1) != 1:
+        raise ValueError(f"qkv {tuple(qkv.shape)} is not [B, (H_q + 2 H_kv) D] = "
+                         f"[B, {(num_heads + 2 * h_kv) * D}] contiguous in its rows")
+    if ring is not None and not ring.is_contiguous():
+        raise ValueError("ring: must be contiguous [rows, H_q, D]")
+    out = torch.empty(B, num_heads, D, dtype=qkv.dtype, device=qkv.device)
+    rope = (cos.contiguous(), sin.contiguous(), slots, ring, ring_rows)
+    return _launch(qkv, qkv.stride(0), D, out, k_cache, v_cache, page_table, rows, cache_lens,
+                   page_size, scale, max_len, num_splits, block_n, num_warps, num_stages, rope)
+
+
+def _check(h_q: int, D: int, k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int,
+           block_n: int) -> None:
     _, h_kv, Dk = k_cache.shape
     if h_q % h_kv or Dk != D or v_cache.shape != k_cache.shape:
-        raise ValueError(f"bad shapes q {tuple(q.shape)} k {tuple(k_cache.shape)} "
+        raise ValueError(f"bad shapes: {h_q} query heads of dim {D}, k {tuple(k_cache.shape)} "
                          f"v {tuple(v_cache.shape)}")
     if D & (D - 1) or D < 16:
         raise ValueError(f"head_dim must be a power of two >= 16, got {D}")
@@ -147,9 +244,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                          f"{page_size}, {block_n}")
     if k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
         raise ValueError("k_cache/v_cache must be contiguous in the head dim")
-    q = q if q.stride(2) == 1 else q.contiguous()
-    G = h_q // h_kv
-    out = torch.empty_like(q)
+
+
+def _launch(q, stride_qb, stride_qh, out, k_cache, v_cache, page_table, rows, cache_lens,
+            page_size, scale, max_len, num_splits, block_n, num_warps, num_stages,
+            rope=None) -> torch.Tensor:
+    """The split kernel (and the merge when it splits) over q (or qkv, with rope = (cos,
+    sin, slots, ring, ring_rows))."""
+    B, (h_q, D), h_kv = out.shape[0], out.shape[1:], k_cache.shape[1]
     if B == 0:
         return out
     if max_len is None:
@@ -164,16 +266,20 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         mid_o = torch.empty(B, h_q, num_splits, D, dtype=torch.float32, device=q.device)
         mid_lse = torch.empty(B, h_q, num_splits, dtype=torch.float32, device=q.device)
+    cos, sin, slots, ring, ring_rows = rope or (out, out, rows, None, None)
+    has_ring = ring is not None
     _split_kernel[(B, h_kv, num_splits)](
         q, k_cache, v_cache, page_table, rows, cache_lens, out, mid_o, mid_lse,
         scale * _LOG2E, split_len,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        stride_qb, stride_qh, k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
         out.stride(0), out.stride(1),
         h_q * num_splits, num_splits, 1,
-        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, PAGE=page_size, BLOCK_N=block_n,
-        SINGLE=single, IEEE=q.dtype == torch.float32 or not q.is_cuda,
-        num_warps=num_warps, num_stages=num_stages)
+        cos, sin, slots, ring if has_ring else out, ring_rows if has_ring else rows,
+        G=h_q // h_kv, G_PAD=max(16, triton.next_power_of_2(h_q // h_kv)), D=D,
+        PAGE=page_size, BLOCK_N=block_n, SINGLE=single,
+        IEEE=q.dtype == torch.float32 or not q.is_cuda, ROPE=rope is not None, HKV=h_kv,
+        HAS_RING=has_ring, num_warps=num_warps, num_stages=num_stages)
     if not single:
         _merge_kernel[(B, h_q)](mid_o, mid_lse, out, h_q * num_splits, num_splits, 1,
                                 out.stride(0), out.stride(1), NUM_SPLITS=num_splits,
