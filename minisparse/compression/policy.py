@@ -213,9 +213,10 @@ class RKV(SnapKV):
 
     def _scratch_bytes_per_row(self, keys: torch.Tensor, queries: torch.Tensor) -> int:
         """Adds R-KV's scratch: with the Triton kernels (CUDA) the unit keys in the input
-        dtype and a few float32 / int64 values per token; in the PyTorch path the L x L similarity matrix in the input dtype plus
-        its one-byte mask, the reversed unit keys in the input dtype, and float32 copies
-        of the keys (up to three live at once in the normalisation)."""
+        dtype and a few float32 / int64 values per token; in the PyTorch path the L x L
+        similarity matrix in the input dtype plus its one-byte mask, the reversed unit keys
+        in the input dtype, and float32 copies of the keys (up to three live at once in
+        the normalisation)."""
         h_kv, lmax, dim = keys.shape[1], keys.shape[2], keys.shape[3]
         if uses_triton(keys):
             extra = h_kv * lmax * (dim * keys.element_size() + 4 + 4 + 8 + 4 + 4)

@@ -3,8 +3,8 @@ path, used on CPU and as the reference the tests compare against).
 
 Why: both copies move rows of D values (256 bytes for bf16 x 128) chosen through the page
 table. PyTorch's index_select / index_copy_ index element by element and need the row
-index tensors built first (tens of millions of int64); at a 256-sequence event of the 3B
-shape they took ~15 ms for ~6 GB of traffic. Here each program resolves its pages itself
+index tensors built first (~12 million int64 for the keys); at a 256-sequence event of the 3B
+shape they took ~15 ms for ~8 GB of traffic. Here each program resolves its pages itself
 and moves whole rows:
 
 * `gather_keys`: each (sequence, layer, entry block) reads its slots once (all KV heads of

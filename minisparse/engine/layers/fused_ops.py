@@ -49,43 +49,46 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 
 
 @triton.jit
+def rotate_rows(base, rows, d, cos, sin, mask, D: tl.constexpr, DT: tl.constexpr):
+    """RoPE of rows of D values at base + rows * D: x * cos + rotate_half(x) * sin, each
+    product and the sum rounded to DT as in the PyTorch path. Shared with the decode
+    attention kernel, which rotates its queries itself (triton_decode)."""
+    first = d < D // 2
+    partner = tl.where(first, d + D // 2, d - D // 2)
+    sign = tl.where(first, -1.0, 1.0)
+    x = tl.load(base + rows[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    xr = tl.load(base + rows[:, None] * D + partner[None, :], mask=mask, other=0.0)
+    a = (x * cos[None, :]).to(DT).to(tl.float32)
+    b = ((xr.to(tl.float32) * sign[None, :]).to(DT).to(tl.float32) * sin[None, :])
+    return (a + b.to(DT).to(tl.float32)).to(DT)
+
+
+@triton.jit
 def _rope_kernel(QKV, COS, SIN, Q_OUT, K_CACHE, V_CACHE, SLOTS, RING, RING_ROWS, stride_t,
                  stride_slot, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                  HAS_RING: tl.constexpr):
     """One program per token: rotate its HQ query heads into Q_OUT (and into its query-ring
     row when it has one, RING_ROWS[t] >= 0), its HKV key heads into the cache slot, and
-    copy its value heads there. x * cos + rotate_half(x) * sin, each product and the sum
-    rounded to the model dtype as in the PyTorch path."""
+    copy its value heads there."""
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, D)
-    first = d < D // 2
-    partner = tl.where(first, d + D // 2, d - D // 2)
-    sign = tl.where(first, -1.0, 1.0)
     cos = tl.load(COS + t * D + d).to(tl.float32)
     sin = tl.load(SIN + t * D + d).to(tl.float32)
     dt = Q_OUT.dtype.element_ty
     base = QKV + t * stride_t
     slot = tl.load(SLOTS + t).to(tl.int64)
-    hq = tl.arange(0, HQ)[:, None]
-    x = tl.load(base + hq * D + d[None, :]).to(tl.float32)
-    xr = tl.load(base + hq * D + partner[None, :]).to(tl.float32)
-    a = (x * cos[None, :]).to(dt).to(tl.float32)
-    b = ((xr * sign[None, :]).to(dt).to(tl.float32) * sin[None, :]).to(dt).to(tl.float32)
-    q = (a + b).to(dt)
-    tl.store(Q_OUT + t * HQ * D + hq * D + d[None, :], q)
+    hq = tl.arange(0, HQ)
+    q = rotate_rows(base, hq, d, cos, sin, (hq >= 0)[:, None], D, dt)
+    tl.store(Q_OUT + t * HQ * D + hq[:, None] * D + d[None, :], q)
     if HAS_RING:
         ring_row = tl.load(RING_ROWS + t)
         if ring_row >= 0:
-            tl.store(RING + ring_row * HQ * D + hq * D + d[None, :], q)
-    hk = tl.arange(0, HKV)[:, None]
-    koff = base + HQ * D + hk * D
-    x = tl.load(koff + d[None, :]).to(tl.float32)
-    xr = tl.load(koff + partner[None, :]).to(tl.float32)
-    a = (x * cos[None, :]).to(dt).to(tl.float32)
-    b = ((xr * sign[None, :]).to(dt).to(tl.float32) * sin[None, :]).to(dt).to(tl.float32)
-    tl.store(K_CACHE + slot * stride_slot + hk * D + d[None, :], (a + b).to(dt))
-    v = tl.load(base + (HQ + HKV) * D + hk * D + d[None, :])
-    tl.store(V_CACHE + slot * stride_slot + hk * D + d[None, :], v)
+            tl.store(RING + ring_row * HQ * D + hq[:, None] * D + d[None, :], q)
+    hk = tl.arange(0, HKV)
+    k = rotate_rows(base, HQ + hk, d, cos, sin, (hk >= 0)[:, None], D, dt)
+    tl.store(K_CACHE + slot * stride_slot + hk[:, None] * D + d[None, :], k)
+    v = tl.load(base + (HQ + HKV) * D + hk[:, None] * D + d[None, :])
+    tl.store(V_CACHE + slot * stride_slot + hk[:, None] * D + d[None, :], v)
 
 
 def rope_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,

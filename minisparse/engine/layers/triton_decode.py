@@ -21,23 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
+from minisparse.engine.layers.fused_ops import rotate_rows
+
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 64
 _MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost outweighs the extra parallelism
-
-
-@triton.jit
-def _rotate(base, rows, d, cos, sin, mask, D: tl.constexpr, DT: tl.constexpr):
-    """x * cos + rotate_half(x) * sin for rows of D values at base + rows * D, each product
-    and the sum rounded to DT as the PyTorch path (and fused_ops' RoPE kernel) round them."""
-    first = d < D // 2
-    partner = tl.where(first, d + D // 2, d - D // 2)
-    sign = tl.where(first, -1.0, 1.0)
-    x = tl.load(base + rows[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
-    xr = tl.load(base + rows[:, None] * D + partner[None, :], mask=mask, other=0.0)
-    a = (x * cos[None, :]).to(DT).to(tl.float32)
-    b = ((xr.to(tl.float32) * sign[None, :]).to(DT).to(tl.float32) * sin[None, :])
-    return (a + b.to(DT).to(tl.float32)).to(DT)
 
 
 @triton.jit
@@ -70,7 +58,7 @@ def _split_kernel(Q, K, V, PT, ROWS, LENS, OUT, MID_O, MID_LSE, qk_scale, split_
     if ROPE:
         cos = tl.load(COS + b.to(tl.int64) * D + d).to(tl.float32)
         sin = tl.load(SIN + b.to(tl.int64) * D + d).to(tl.float32)
-        q = _rotate(qbase, heads, d, cos, sin, gmask, D, DT)
+        q = rotate_rows(qbase, heads, d, cos, sin, gmask, D, DT)
         last = length - 1
         cached_end = tl.minimum(end, last)
     else:
@@ -107,7 +95,7 @@ def _split_kernel(Q, K, V, PT, ROWS, LENS, OUT, MID_O, MID_LSE, qk_scale, split_
     if ROPE:
         if (start <= last) & (last < end):
             one = tl.arange(0, 1)
-            k_new = _rotate(qbase, G * HKV + h + one, d, cos, sin, one[:, None] >= 0, D, DT)
+            k_new = rotate_rows(qbase, G * HKV + h + one, d, cos, sin, one[:, None] >= 0, D, DT)
             v_new = tl.load(qbase + (G * HKV + HKV + h + one)[:, None] * D + d[None, :])
             slot = tl.load(SLOTS + b).to(tl.int64)
             tl.store(K + slot * stride_ks + h * stride_kh + one[:, None] * 0 + d[None, :], k_new)
