@@ -58,46 +58,45 @@ def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
 def copy_bandwidth(device: torch.device | str, gib: float = 2.0, repeats: int = 20) -> float:
     """Device-to-device copy bandwidth in bytes/s (read + written), median of `repeats`
     timed copies of a `gib` GiB random buffer after a warm-up (CUDA only)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"copy_bandwidth needs a CUDA device, got {device}")
+    device = _cuda(device, "copy_bandwidth")
     n = int(gib * (1 << 30)) // 4
     src = torch.rand(n, device=device)
     dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
+    seconds = _median_seconds(lambda: dst.copy_(src), repeats)
     del src, dst
-    return 2 * n * 4 / statistics.median(times)
+    return 2 * n * 4 / seconds
 
 
 def matmul_throughput(device: torch.device | str, size: int = 8192, repeats: int = 10,
                       dtype: torch.dtype = torch.bfloat16) -> float:
     """FLOP/s of a square `size` GEMM in `dtype`, median of `repeats` after a warm-up
     (CUDA only): the compute ceiling of the roofline, as this device reaches it."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"matmul_throughput needs a CUDA device, got {device}")
+    device = _cuda(device, "matmul_throughput")
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
+    return 2 * size ** 3 / _median_seconds(lambda: a @ b, repeats)
+
+
+def _cuda(device: torch.device | str, what: str) -> torch.device:
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"{what} needs a CUDA device, got {device}")
+    return device
+
+
+def _median_seconds(fn, repeats: int, warmup: int = 3) -> float:
+    """Median CUDA-event time of fn() over `repeats` calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        a @ b
+        fn()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return 2 * size ** 3 / statistics.median(times)
+    return statistics.median(times)
 
 
 def decode_roofline(stats: GenerateStats, weight_bytes: int, weight_itemsize: int,

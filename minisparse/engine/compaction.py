@@ -15,21 +15,9 @@ from __future__ import annotations
 import torch
 
 from minisparse.engine.kv_pool import KVPool
+from minisparse.engine.layers import cuda_kernels
 
 _GATHER_BYTES = 1 << 30  # cap on the gathered keys per group of sequences
-_triton_impl = None  # engine.triton_compaction, False when Triton is unusable
-
-
-def _triton():
-    """The Triton copies for CUDA pools, imported on first use (as paged_decode does)."""
-    global _triton_impl
-    if _triton_impl is None:
-        try:
-            from minisparse.engine import triton_compaction
-            _triton_impl = triton_compaction
-        except ImportError:
-            _triton_impl = False
-    return _triton_impl
 
 
 @torch.no_grad()
@@ -56,7 +44,7 @@ def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
     """lmax: max(lens), known on the host (no device sync)."""
     n_layers, _, h_kv, d = pool.k.shape
     s, budget = rows.shape[0], policy.budget
-    fast = _triton() if pool.k.is_cuda else False
+    fast = cuda_kernels("minisparse.engine.triton_compaction", pool.k)
     if fast:
         keys = fast.gather_keys(pool.k, pool.page_table, pool.page_size, rows, lens, lmax)
     else:
@@ -66,14 +54,21 @@ def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
     queries = queries.permute(1, 0, 3, 2, 4).reshape(s * n_layers, -1, pool.window, d)
     keep = policy.select_batch(keys, queries, lens.repeat_interleave(n_layers))
     del keys, queries
+    keep = keep.view(s, n_layers, h_kv, budget)
     if fast:
-        fast.compact_in_place(pool.k, pool.v, pool.page_table, pool.page_size, rows,
-                              keep.view(s, n_layers, h_kv, budget))
-        return
-    keep = keep.view(s, n_layers, h_kv, budget).permute(1, 0, 3, 2)  # [layers, s, budget, H]
+        fast.compact_in_place(pool.k, pool.v, pool.page_table, pool.page_size, rows, keep)
+    else:
+        _pack(pool, rows, keep)
+
+
+def _pack(pool: KVPool, rows: torch.Tensor, keep: torch.Tensor) -> None:
+    """Entry j of each (sequence rows[i], layer, head) takes what entry keep[i, layer,
+    head, j] holds (keep [s, layers, H_kv, budget]): every kept row is gathered before any
+    is written, as rows of D values read as int64 words."""
+    keep = keep.permute(1, 0, 3, 2)  # [layers, s, budget, H_kv]
+    entries = torch.arange(keep.shape[2], device=pool.device)[None, None, :, None]
     src = _flat_rows(pool, rows[None, :, None, None], keep)
-    dst = _flat_rows(pool, rows[None, :, None, None],
-                     torch.arange(budget, device=pool.device)[None, None, :, None].expand_as(keep))
+    dst = _flat_rows(pool, rows[None, :, None, None], entries.expand_as(keep))
     for cache in (pool.k, pool.v):
         flat = _rows(cache)
         flat.index_copy_(0, dst.flatten(), flat.index_select(0, src.flatten()))

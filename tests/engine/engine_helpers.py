@@ -154,14 +154,16 @@ def track(engine, monkeypatch) -> Tracker:
         if not kernels:
             return kernels
 
-        def rope_decode_attention(qkv, cos, sin, slots, k_cache, v_cache, *rest, **kw):
+        def rope_decode_attention(qkv, cos, sin, slots, k_cache, v_cache, page_table, rows,
+                                  cache_lens, page_size, scale, num_heads, *ring, **kw):
             out = kernels.rope_decode_attention(qkv, cos, sin, slots, k_cache, v_cache,
-                                                *rest, **kw)
-            num_heads, D = rest[5], k_cache.shape[-1]
+                                                page_table, rows, cache_lens, page_size, scale,
+                                                num_heads, *ring, **kw)
+            D = k_cache.shape[-1]
             q = qkv[:, :num_heads * D].view(qkv.shape[0], num_heads, D)
             q = q * cos + models_mod.rotate_half(q) * sin
             return tr.attention(lambda *a: out, q, k_cache[slots], v_cache[slots], k_cache,
-                                v_cache, None, rest[4])
+                                v_cache, None, scale)
 
         return SimpleNamespace(rope_decode_attention=rope_decode_attention)
 

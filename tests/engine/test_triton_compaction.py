@@ -59,13 +59,7 @@ def check_compact(tc, device: str, d: int, budget: int, L: int) -> None:
     keep = keep.to(device)
     want = SimpleNamespace(**vars(pool))
     want.k, want.v = pool.k.clone(), pool.v.clone()
-    keep_lh = keep.permute(1, 0, 3, 2)  # [layers, s, budget, H], as _compact_group has it
-    src = compaction._flat_rows(want, rows[None, :, None, None], keep_lh)
-    dst = compaction._flat_rows(want, rows[None, :, None, None], torch.arange(
-        budget, device=device)[None, None, :, None].expand_as(keep_lh))
-    for cache in (want.k, want.v):
-        flat = compaction._rows(cache)
-        flat.index_copy_(0, dst.flatten(), flat.index_select(0, src.flatten()))
+    compaction._pack(want, rows, keep)
     assert not torch.equal(want.k, pool.k)
     tc.compact_in_place(pool.k, pool.v, pool.page_table, PS, rows, keep)
     assert torch.equal(pool.k, want.k) and torch.equal(pool.v, want.v)

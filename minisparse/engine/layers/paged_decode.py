@@ -10,23 +10,12 @@ from __future__ import annotations
 
 import torch
 
-_triton_impl = None  # the triton_decode module, False when Triton is unusable
+from minisparse.engine.layers import cuda_kernels
 
 
 def triton_kernels(x: torch.Tensor):
     """The triton_decode module for CUDA tensors, False elsewhere or without Triton."""
-    return _triton() if x.is_cuda else False
-
-
-def _triton():
-    global _triton_impl
-    if _triton_impl is None:
-        try:
-            from minisparse.engine.layers import triton_decode
-            _triton_impl = triton_decode
-        except ImportError:
-            _triton_impl = False
-    return _triton_impl
+    return cuda_kernels("minisparse.engine.layers.triton_decode", x)
 
 
 def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
