@@ -116,6 +116,9 @@ class EngineConfig:
     # Launch decode step N + 1 before reading step N's tokens, so the host's per-step work
     # overlaps the device's (same tokens either way; see LLMEngine._decode).
     overlap_decode: bool = True
+    # The n samples of a prompt prefill it once: later samples start from a sibling's
+    # cached prompt (dense: the same pages, paid once; compressed: a copy).
+    share_prompt_cache: bool = True
 
     def context_len(self, max_position: int) -> int:
         """Longest sequence (prompt + response) a backend serves for a model whose

@@ -11,6 +11,9 @@
 #   STEPS=big       R-KV 512/128 with 1,024 sequences x NEW_BIG tokens
 #   STEPS=serial    bench 256 x 4096 dense and R-KV once with --no-overlap (the ablation
 #                   of overlapped decode steps)
+#   STEPS=share     GRPO's shape: 128 prompts x 8 samples (SHARE_PROMPT tokens, SHARE_NEW
+#                   new), SHARE_MODES (dense rkv), with and without prompt sharing
+#                   (--no-share-prompt-cache), REPEATS runs each
 # BEFORE: another checkout (the baseline) benched in the same command; logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +70,17 @@ if [[ $STEPS == *serial* ]]; then
     for mode in dense rkv; do
         extra=""; [[ $mode == rkv ]] && extra=$RKV
         bench "full_${mode}_serial" . --batch 256 --max-new 4096 --repeats 1 --no-overlap $extra
+    done
+fi
+if [[ $STEPS == *share* ]]; then
+    for mode in ${SHARE_MODES:-dense rkv}; do
+        extra=""; [[ $mode == rkv ]] && extra=$RKV
+        for share in on off; do
+            flag=""; [[ $share == off ]] && flag=--no-share-prompt-cache
+            bench "share_${mode}_${share}" . --batch 128 --samples-per-prompt 8 \
+                --max-num-seqs 1024 --prompt-len "${SHARE_PROMPT:-256}" \
+                --max-new "${SHARE_NEW:-1024}" --repeats "$REPEATS" $extra $flag
+        done
     done
 fi
 [[ $STEPS == *big* ]] && bench big_rkv_after . --batch 1024 --max-num-seqs 1024 \

@@ -36,6 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, choices=choices(Dtype),
                    help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batch", type=int, default=64, help="number of prompts")
+    p.add_argument("--samples-per-prompt", "--n", type=int, default=1,
+                   help="samples per prompt (GRPO's n): sequences = batch x n")
+    p.add_argument("--no-share-prompt-cache", action="store_true",
+                   help="prefill every sample's prompt itself (the ablation of "
+                        "engine.share_prompt_cache)")
     p.add_argument("--prompt-len", type=int, default=256)
     # --max-new and --kv-fraction: the old spellings (eval.py spells them as here)
     p.add_argument("--max-new-tokens", "--max-new", type=int, default=512)
@@ -89,7 +94,7 @@ def build(args: argparse.Namespace, backend: str = "native"):
         page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
         kv_memory_fraction=args.kv_memory_fraction, max_num_seqs=args.max_num_seqs,
         max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs,
-        overlap_decode=not args.no_overlap)
+        overlap_decode=not args.no_overlap, share_prompt_cache=not args.no_share_prompt_cache)
     if backend == "sglang":
         from minisparse.engine.sglang_backend import SGLangBackend
 
@@ -101,7 +106,8 @@ def build(args: argparse.Namespace, backend: str = "native"):
     else:
         engine = LLMEngine(model, tokenizer, engine_cfg, compress, args.device)
     prompts = random_prompts(args.batch, args.prompt_len, model.config.vocab_size, args.seed)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+    params = SamplingParams(n=args.samples_per_prompt, temperature=args.temperature,
+                            top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens, seed=args.seed, ignore_eos=True)
     return engine, prompts, params, dtype
 
@@ -165,6 +171,7 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
             peak_kv_tokens_per_seq=max(o.peak_cache_tokens for o in outs),
             peak_pages_used=s.peak_pages_used, preemptions=s.preemptions,
             compressions=s.compressions, evicted_tokens=s.evicted_tokens,
+            prefill_tokens=s.prefill_tokens, shared_prompt_tokens=s.shared_prompt_tokens,
             **phase_split(s),
             peak_gpu_memory_gb=(torch.cuda.max_memory_allocated() / 2**30
                                 if args.device.startswith("cuda") else 0.0),
@@ -180,13 +187,15 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
             p = runs[-1]
             print(f"[phases {r + 1}/{args.repeats}] device time: decode {p['decode_s']:.2f}s, "
                   f"compression {p['compress_s']:.2f}s ({100 * p['compress_share']:.1f}% of "
-                  f"wall, {p['compress_events']} events), prefill {p['prefill_s']:.2f}s; "
+                  f"wall, {p['compress_events']} events), prefill {p['prefill_s']:.2f}s "
+                  f"({p['prefill_tokens']} tokens, {p['shared_prompt_tokens']} shared); "
                   f"host-bound rest {p['host_s']:.2f}s", flush=True)
         algorithm = "none" if backend == "sglang" else args.compress  # SGLang runs dense
         print(f"[bench {r + 1}/{args.repeats}] {backend} model={args.model} compress={algorithm} "
-              f"batch={args.batch} prompt={args.prompt_len} new={args.max_new_tokens}: "
+              f"batch={args.batch}x{args.samples_per_prompt} prompt={args.prompt_len} new={args.max_new_tokens}: "
               f"{s.tokens_per_s:.0f} tok/s, {s.generated_tokens} tok in {s.wall_s:.2f}s, "
-              f"peak kv {s.peak_kv_tokens} tok (per seq {runs[-1]['peak_kv_tokens_per_seq']}), "
+              f"peak kv {s.peak_kv_tokens} tok (per seq {runs[-1]['peak_kv_tokens_per_seq']}, "
+              f"{s.peak_pages_used} pages), "
               f"preemptions {s.preemptions}, compressions {s.compressions}, "
               f"gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB (this process), "
               f"{runs[-1]['device_used_gb']:.1f} GiB in use on the device"

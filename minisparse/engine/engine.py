@@ -104,7 +104,8 @@ class LLMEngine:
             raise RuntimeError("engine is asleep: call wake() before generate()")
         base_seed = params.seed if params.seed is not None else random.getrandbits(32)
         allocator = self.allocator = PageAllocator(self.pool.num_pages, self.pool.page_size)
-        sched = Scheduler(allocator, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens)
+        sched = Scheduler(allocator, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens,
+                          self._share_mode(), self.pool.window)
         seqs = []
         for p, prompt in enumerate(prompt_token_ids):
             for j in range(params.n):
@@ -135,9 +136,17 @@ class LLMEngine:
         stats.peak_pages_used = allocator.peak_used
         stats.preemptions = sched.preemptions
         stats.compressions = sum(s.num_compressions for s in seqs)
+        stats.shared_prompt_tokens = sched.shared_tokens
         stats.evicted_tokens = sum(s.evicted_tokens for s in seqs)
         self.last_stats = stats
         return [s.to_output() for s in seqs]
+
+    def _share_mode(self) -> str:
+        """How the samples of a prompt share its prefill (Scheduler): the same pages when
+        dense, a copy when compaction will rewrite them."""
+        if not self.cfg.share_prompt_cache:
+            return "none"
+        return "copy" if self.policy is not None else "pages"
 
     def _step(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> int:
         """One prefill step, or a run of decode steps (see _decode); returns how many
@@ -149,6 +158,7 @@ class LLMEngine:
             return self._decode(sched, params, stats) + len(aborted)
         self._sync_pages(sched)
         with self.timer.region("prefill"):
+            self.pool.copy_pages(sched.take_copies())
             done, tokens, logprobs = self.runner.prefill(chunks, params)
         for seq, n in chunks:
             seq.num_computed += n

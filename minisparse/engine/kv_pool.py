@@ -98,6 +98,20 @@ class KVPool:
         rcp = torch.tensor([r, c, p], dtype=torch.long).to(self.device, non_blocking=True)
         self.page_table[rcp[0], rcp[1]] = rcp[2]
 
+    def copy_pages(self, copies: list[tuple[list[int], list[int]]]) -> None:
+        """Copy whole pages, every layer's K and V: copies[i] = (from pages, to pages).
+        Layer by layer, so the staging copy is one layer's share of the moved bytes."""
+        src = [p for a, _ in copies for p in a]
+        if not src:
+            return
+        dst = [p for _, b in copies for p in b]
+        ps = self.page_size
+        pages = torch.tensor([src, dst], dtype=torch.long).to(self.device, non_blocking=True)
+        slots = (pages[:, :, None] * ps + torch.arange(ps, device=self.device)).flatten(1)
+        for cache in (self.k, self.v):
+            for layer in cache:
+                layer[slots[1]] = layer[slots[0]]
+
     def slots(self, rows: torch.Tensor, length: int) -> torch.Tensor:
         """Pool slots of cache entries 0..length-1 for each row: [len(rows), length]."""
         j = torch.arange(length, device=self.device)

@@ -4,28 +4,47 @@ decode every running sequence. When a decode step needs a page and none is free,
 newest running sequence is preempted: its pages are freed and it re-enters the queue to be
 recomputed from its tokens (prompt + generated so far) later. At most one sequence is
 partially prefilled at a time, and it stays at the head of the queue.
+
+The n samples of a prompt share its prefill (`share`): a sample admitted after a sibling
+whose cache holds the prompt takes that sibling's leading prompt pages and prefills only
+the rest (at least its last token, whose logits it samples from, and the last `window`
+prompt tokens, whose queries the compression ring needs). "pages": it holds the same pages
+(dense caches never rewrite a full prompt page, so nothing is copied and the memory is paid
+once); "copy": it gets its own copy of them (compaction rewrites pages in place, so a
+compressed cache cannot share), which saves the prefill's compute but not its memory. A
+sample whose sibling is being prefilled in the same step waits one step for it.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 
 from minisparse.engine.page_allocator import PageAllocator
 from minisparse.engine.sequence import Sequence, Status
 
 
+SHARE_MODES = ("pages", "copy", "none")
+
+
 class Scheduler:
     def __init__(self, allocator: PageAllocator, max_num_seqs: int,
-                 max_prefill_tokens: int) -> None:
+                 max_prefill_tokens: int, share: str = "none", window: int = 0) -> None:
+        if share not in SHARE_MODES:
+            raise ValueError(f"share must be one of {SHARE_MODES}, got {share!r}")
         self.allocator = allocator
         self.max_prefill_tokens = max_prefill_tokens
+        self.share, self.window = share, window
         self.free_slots = list(range(max_num_seqs - 1, -1, -1))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.dirty: list[Sequence] = []  # sequences whose page list grew (page-table sync)
+        self.siblings: defaultdict[int, list[Sequence]] = defaultdict(list)  # by prompt
+        self.copies: list[tuple[list[int], list[int]]] = []  # (from pages, to pages)
         self.preemptions = 0
+        self.shared_tokens = 0  # prompt tokens taken from a sibling instead of prefilled
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self.siblings[seq.prompt_index].append(seq)
 
     @property
     def done(self) -> bool:
@@ -44,24 +63,81 @@ class Scheduler:
         """Chunks (seq, n_tokens) to prefill this step, and sequences that cannot fit even
         in an otherwise empty pool (to be aborted; already removed from the queue)."""
         chunks, aborted, budget = [], [], self.max_prefill_tokens
+        in_step: set[int] = set()  # prompts being prefilled by this step's chunks
+        waiters = False  # samples left waiting for a sibling's prompt (ahead in the queue)
         for seq in list(self.waiting):
             if budget == 0 or (seq.slot < 0 and not self.free_slots):
                 break
+            source = self._take_prompt(seq)
+            if source is None and seq.prompt_index in in_step and self._shareable(seq):
+                waiters = True  # its sibling's prompt is in the cache after this step
+                continue
             n = min(len(seq) - seq.num_computed, budget)
+            if waiters and n < len(seq) - seq.num_computed:
+                self._give_back_prompt(seq, source)  # a partial prefill must be the head
+                break
             room = self._room(seq, len(self.running) + len(chunks))
             if n > room:
                 if chunks or self.running:
+                    self._give_back_prompt(seq, source)
                     break
                 n = room  # alone (reserve 0): prefill what fits, abort when nothing does
                 if n <= 0:
+                    self._give_back_prompt(seq, source)
                     self.waiting.remove(seq)
                     self.free(seq)
                     aborted.append(seq)
                     continue
             self._grow(seq, seq.cache_len + n)
+            if source is not None:
+                self.shared_tokens += seq.num_computed
+                if self.share == "copy":
+                    self.copies.append((source, seq.pages[:len(source)]))
             chunks.append((seq, n))
+            in_step.add(seq.prompt_index)
             budget -= n
         return chunks, aborted
+
+    def _shareable(self, seq: Sequence) -> int:
+        """How many leading prompt pages seq could take from a sibling (0: none), leaving
+        its last token and the last `window` prompt tokens to its own prefill."""
+        if self.share == "none" or seq.pages or seq.num_computed:
+            return 0
+        return max(seq.num_prompt - max(self.window, 1), 0) // self.allocator.page_size
+
+    def _take_prompt(self, seq: Sequence) -> list[int] | None:
+        """Start seq from a sibling's cached prompt when one holds it: "pages" takes the
+        sibling's leading pages themselves, "copy" records them as the source of seq's first
+        pages (copied by the engine before the step's forward). Returns those source pages,
+        or None (seq unchanged)."""
+        k = self._shareable(seq)
+        if not k:
+            return None
+        tokens = k * self.allocator.page_size
+        for sib in self.siblings[seq.prompt_index]:
+            # A compacted cache no longer holds the prompt in order (only "copy" meets one).
+            if (sib is not seq and len(sib.pages) >= k and sib.num_computed >= tokens
+                    and sib.num_compressions == 0):
+                break
+        else:
+            return None
+        source = sib.pages[:k]
+        if self.share == "pages":
+            seq.pages = self.allocator.share(source)
+            self.dirty.append(seq)
+        seq.num_computed = seq.cache_len = tokens
+        return source
+
+    def _give_back_prompt(self, seq: Sequence, source: list[int] | None) -> None:
+        """Undo _take_prompt for a sequence that is not scheduled after all."""
+        if source is not None:
+            self.allocator.release(seq.pages)
+            seq.reset_cache()
+
+    def take_copies(self) -> list[tuple[list[int], list[int]]]:
+        """Page copies ("copy" sharing) the next forward needs done first."""
+        copies, self.copies = self.copies, []
+        return copies
 
     def _room(self, seq: Sequence, reserve: int) -> int:
         """Cache entries seq can take now while one free page stays for each of `reserve`

@@ -36,6 +36,7 @@ class GenerateStats:
     compressions: int = 0
     evicted_tokens: int = 0
     prefill_tokens: int = 0
+    shared_prompt_tokens: int = 0  # prompt tokens a sample took from a sibling's cache
     steps: int = 0
     decode_steps: int = 0
     decode_tokens: int = 0  # tokens sampled by decode steps (one per running sequence)

@@ -153,6 +153,28 @@ def test_overlapped_steps_match_serial_steps(gpu_model, algorithm):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
 
 
+@pytest.mark.parametrize("algorithm", ["none", "rkv"])
+def test_samples_sharing_a_prompt_match_samples_that_prefill_it(algorithm):
+    """In fp32 through the CUDA path (fused kernels, graphs, the page copy on the device):
+    samples that took their prompt's pages (dense) or a copy of them (R-KV) from a sibling
+    are the samples of an engine that prefills every one."""
+    model = build("qwen2", torch.float32, "cuda")
+    cfg = CompressConfig(algorithm=algorithm, budget=64, window=8, divide_length=16)
+    ps = vocab_prompts(model, 4, 30, 70)  # under budget + 16: no compaction at a prefill
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=60, seed=4, ignore_eos=True)
+    outs, shared = {}, {}
+    for share in (True, False):
+        engine = make_engine(model, cfg, kv_memory_gb=1.0, page_size=16,
+                             share_prompt_cache=share)
+        outs[share] = engine.generate(ps, params)
+        shared[share] = engine.last_stats.shared_prompt_tokens
+        assert engine.allocator.num_free == engine.pool.num_pages
+    assert shared[True] > 0 == shared[False]
+    for a, b in zip(outs[True], outs[False]):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
+
+
 def test_overlapped_steps_with_a_queue_and_stops(gpu_model):
     """More samples than slots and a stop token: the overlapped engine admits while it
     decodes ahead; every sample must still be what the model gives its own prefix."""

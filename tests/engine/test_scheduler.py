@@ -1,6 +1,8 @@
 """Scheduler bookkeeping without a model: pages after a compaction."""
 from __future__ import annotations
 
+import pytest
+
 from minisparse.engine.page_allocator import PageAllocator
 from minisparse.engine.scheduler import Scheduler
 from minisparse.engine.sequence import Sequence
@@ -45,3 +47,103 @@ def test_can_admit_mirrors_schedule_prefill():
     sched.finish(a, "stop")  # a slot and 2 pages come back: c's 4 tokens need 1 + 1 reserve
     assert sched.can_admit()
     assert [s for s, _ in sched.schedule_prefill()[0]] == [c]
+
+
+def test_a_page_is_free_once_its_last_holder_releases_it():
+    allocator = PageAllocator(num_pages=4, page_size=4)
+    pages = allocator.allocate(2)
+    assert allocator.share(pages[:1]) == pages[:1] and allocator.refs[pages[0]] == 2
+    allocator.release(pages)
+    assert allocator.num_free == 3 and pages[0] not in allocator.free
+    allocator.release(pages[:1])
+    assert allocator.num_free == 4
+    with pytest.raises(RuntimeError, match="released more often than held"):
+        allocator.release(pages[:1])
+    with pytest.raises(RuntimeError, match="cannot be shared"):
+        allocator.share(pages[:1])
+
+
+def _siblings(sched, prompt_len: int, n: int) -> list[Sequence]:
+    seqs = [Sequence(j, 0, j, list(range(prompt_len)), prompt_len, seed=j) for j in range(n)]
+    for seq in seqs:
+        sched.add(seq)
+    return seqs
+
+
+def _prefilled(sched, chunks) -> None:
+    """What the engine records after a prefill step."""
+    for seq, n in chunks:
+        seq.num_computed += n
+        seq.cache_len += n
+        if seq.num_computed == len(seq):
+            sched.finish_prefill(seq)
+
+
+def test_dense_siblings_wait_one_step_then_hold_the_prompt_pages():
+    allocator = PageAllocator(num_pages=20, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="pages")
+    a, b, c = _siblings(sched, 14, 3)
+    chunks, _ = sched.schedule_prefill()
+    assert chunks == [(a, 14)]  # b and c would find nothing computed yet
+    _prefilled(sched, chunks)
+    chunks, _ = sched.schedule_prefill()
+    # (14 - 1) // 4 = 3 full pages shared; the last prompt token's page is each one's own
+    assert chunks == [(b, 2), (c, 2)] and not sched.take_copies()
+    assert b.pages[:3] == c.pages[:3] == a.pages[:3] and len({a.pages[3], b.pages[3],
+                                                              c.pages[3]}) == 3
+    assert [allocator.refs[p] for p in a.pages] == [3, 3, 3, 1]
+    assert allocator.num_used == 6 and sched.shared_tokens == 24
+    _prefilled(sched, chunks)
+    sched.finish(a, "stop")
+    assert allocator.num_used == 5  # a's own page only
+    sched.finish(b, "stop")
+    sched.finish(c, "stop")
+    assert allocator.num_free == 20 and not any(allocator.refs)
+
+
+def test_no_partial_prefill_starts_behind_a_waiting_sibling():
+    """A partially prefilled sequence must stay the queue's head (preemption puts the
+    preempted behind it); a sibling waiting one step would stand in front of it."""
+    allocator = PageAllocator(num_pages=40, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=20, share="pages")
+    a, b = _siblings(sched, 14, 2)
+    c = Sequence(2, 1, 0, list(range(30)), 30, seed=0)
+    sched.add(c)
+    assert sched.schedule_prefill()[0] == [(a, 14)]  # b waits; c would be cut to 6 of 30
+    _prefilled(sched, [(a, 14)])
+    chunks, _ = sched.schedule_prefill()
+    assert chunks == [(b, 2), (c, 18)]
+    _prefilled(sched, chunks)
+    assert list(sched.waiting) == [c]  # partial, at the head
+
+
+def test_compressed_siblings_copy_the_prompt_pages_and_keep_the_window():
+    allocator = PageAllocator(num_pages=20, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="copy", window=4)
+    a, b = _siblings(sched, 14, 2)
+    _prefilled(sched, sched.schedule_prefill()[0])
+    chunks, _ = sched.schedule_prefill()
+    # (14 - 4) // 4 = 2 pages: the last 4 prompt tokens' queries go to b's own ring rows
+    assert chunks == [(b, 6)] and b.num_computed == 8
+    assert sched.take_copies() == [(a.pages[:2], b.pages[:2])]
+    assert not set(a.pages) & set(b.pages) and allocator.num_used == 8
+
+
+def test_a_compacted_sibling_is_no_source():
+    allocator = PageAllocator(num_pages=20, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="copy", window=4)
+    a, b = _siblings(sched, 14, 2)
+    _prefilled(sched, sched.schedule_prefill()[0])
+    sched.compacted([a], budget=8)  # a's pages now hold its kept entries, not the prompt
+    assert sched.schedule_prefill()[0] == [(b, 14)] and not sched.take_copies()
+
+
+def test_a_sibling_that_does_not_fit_gives_the_shared_pages_back():
+    allocator = PageAllocator(num_pages=5, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="pages")
+    a, b = _siblings(sched, 14, 2)
+    _prefilled(sched, sched.schedule_prefill()[0])
+    # one page is free and a (running) keeps it for its next token: b's tail cannot start
+    assert sched.schedule_prefill() == ([], [])
+    assert b.pages == [] and b.num_computed == b.cache_len == 0 and b in sched.waiting
+    assert [allocator.refs[p] for p in a.pages] == [1, 1, 1, 1]
