@@ -67,29 +67,15 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: A
 
 
 def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       ctx: AttnContext, scale: float, fold: bool | None = None) -> torch.Tensor:
+                       ctx: AttnContext, scale: float) -> torch.Tensor:
     """Masked SDPA of the padded [B, T] queries against each sequence's gathered cache.
-    SDPA wants as many K/V heads as query heads; of the two ways to get there, the one that
-    stages fewer bytes is taken (fold None): repeat K/V to the G query heads of each KV head
-    (B * H_q * L * D values, twice), or fold the G query heads into the query axis, which
-    needs a G-times larger mask (B * G*T * L booleans). Folding wins for short chunks over
-    long caches (the tails that samples sharing a prompt prefill, T <= page_size), repeating
-    for long prompts."""
+    K/V are repeated to the query heads (B*H_q*L*D) rather than folding G into the query
+    axis, which would need a G-times larger [B, G*T, L] mask."""
     keys = k_cache[ctx.gather_slots].transpose(1, 2)  # [B, H_kv, L, D]
     values = v_cache[ctx.gather_slots].transpose(1, 2)
-    (B, h_kv, L, D), T = keys.shape, ctx.q_index.shape[1]
-    G = q.shape[1] // h_kv
-    if fold is None:
-        fold = G > 1 and T < 2 * h_kv * D * keys.element_size()
-    qp = q[ctx.q_index]  # [B, T, H_q, D]
-    if fold:  # [B, H_kv, G*T, D]: query row g*T + t is head h*G + g at position t
-        qp = qp.view(B, T, h_kv, G, D).permute(0, 2, 3, 1, 4).reshape(B, h_kv, G * T, D)
-        mask = ctx.mask.repeat(1, 1, G, 1)
-        out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask, scale=scale)
-        out = out.view(B, h_kv, G, T, D).permute(0, 3, 1, 2, 4)  # [B, T, H_kv, G, D]
-    else:
-        if G > 1:
-            keys, values = keys.repeat_interleave(G, dim=1), values.repeat_interleave(G, dim=1)
-        out = F.scaled_dot_product_attention(qp.transpose(1, 2), keys, values,
-                                             attn_mask=ctx.mask, scale=scale).transpose(1, 2)
-    return out.reshape(B * T, q.shape[1], D)[ctx.token_rows]
+    G = q.shape[1] // keys.shape[1]
+    if G > 1:
+        keys, values = keys.repeat_interleave(G, dim=1), values.repeat_interleave(G, dim=1)
+    qp = q[ctx.q_index].transpose(1, 2)  # [B, H_q, T, D]
+    out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=ctx.mask, scale=scale)
+    return out.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])[ctx.token_rows]
