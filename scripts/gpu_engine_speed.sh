@@ -13,7 +13,7 @@
 #                   of overlapped decode steps)
 #   STEPS=share     GRPO's shape: 128 prompts x 8 samples (SHARE_PROMPT tokens, SHARE_NEW
 #                   new), SHARE_MODES (dense rkv), with and without prompt sharing
-#                   (--no-share-prompt-cache), REPEATS runs each
+#                   (--no-share-prompt-cache), REPEATS runs each; sharing on in BEFORE too
 # BEFORE: another checkout (the baseline) benched in the same command; logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,12 +75,11 @@ fi
 if [[ $STEPS == *share* ]]; then
     for mode in ${SHARE_MODES:-dense rkv}; do
         extra=""; [[ $mode == rkv ]] && extra=$RKV
-        for share in on off; do
-            flag=""; [[ $share == off ]] && flag=--no-share-prompt-cache
-            bench "share_${mode}_${share}" . --batch 128 --samples-per-prompt 8 \
-                --max-num-seqs 1024 --prompt-len "${SHARE_PROMPT:-256}" \
-                --max-new "${SHARE_NEW:-1024}" --repeats "$REPEATS" $extra $flag
-        done
+        shape="--batch 128 --samples-per-prompt 8 --max-num-seqs 1024 --prompt-len
+               ${SHARE_PROMPT:-256} --max-new ${SHARE_NEW:-1024} --repeats $REPEATS"
+        bench "share_${mode}_on" . $shape $extra
+        bench "share_${mode}_off" . $shape $extra --no-share-prompt-cache
+        [[ -n ${BEFORE:-} ]] && bench "share_${mode}_on_before" "$BEFORE" $shape $extra
     done
 fi
 [[ $STEPS == *big* ]] && bench big_rkv_after . --batch 1024 --max-num-seqs 1024 \

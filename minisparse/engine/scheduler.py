@@ -3,7 +3,9 @@ allow (prefill first, in chunks of at most max_prefill_tokens tokens per step), 
 decode every running sequence. When a decode step needs a page and none is free, the
 newest running sequence is preempted: its pages are freed and it re-enters the queue to be
 recomputed from its tokens (prompt + generated so far) later. At most one sequence is
-partially prefilled at a time, and it stays at the head of the queue.
+partially prefilled at a time, and it stays at the head of the queue. A step stops adding
+chunks before prefill attention's padded [chunks x longest chunk] query grid would exceed
+twice the step's tokens.
 
 The n samples of a prompt share its prefill (`share`): a sample admitted after a sibling
 whose cache holds the prompt takes that sibling's leading prompt pages and prefills only
@@ -65,6 +67,7 @@ class Scheduler:
         chunks, aborted, budget = [], [], self.max_prefill_tokens
         in_step: set[int] = set()  # prompts being prefilled by this step's chunks
         waiters = False  # samples left waiting for a sibling's prompt (ahead in the queue)
+        longest = 0  # the step's longest chunk
         for seq in list(self.waiting):
             if budget == 0 or (seq.slot < 0 and not self.free_slots):
                 break
@@ -73,8 +76,9 @@ class Scheduler:
                 waiters = True  # its sibling's prompt is in the cache after this step
                 continue
             n = min(len(seq) - seq.num_computed, budget)
-            if waiters and n < len(seq) - seq.num_computed:
-                self._give_back_prompt(seq, source)  # a partial prefill must be the head
+            behind = waiters and n < len(seq) - seq.num_computed  # a partial one must lead
+            if behind or _too_ragged(len(chunks), longest, self.max_prefill_tokens - budget, n):
+                self._give_back_prompt(seq, source)
                 break
             room = self._room(seq, len(self.running) + len(chunks))
             if n > room:
@@ -95,7 +99,7 @@ class Scheduler:
                     self.copies.append((source, seq.pages[:len(source)]))
             chunks.append((seq, n))
             in_step.add(seq.prompt_index)
-            budget -= n
+            budget, longest = budget - n, max(longest, n)
         return chunks, aborted
 
     def _shareable(self, seq: Sequence) -> int:
@@ -234,3 +238,11 @@ class Scheduler:
         each needs only its pages from seq.synced_pages on written."""
         dirty, self.dirty = self.dirty, []
         return [s for s in {id(s): s for s in dirty}.values() if s.slot >= 0]
+
+
+def _too_ragged(num_chunks: int, longest: int, tokens: int, n: int) -> bool:
+    """Whether one more chunk of n tokens would pad a step of num_chunks chunks (tokens in
+    all, the longest `longest`) past twice its tokens in prefill attention's [chunks x
+    longest chunk] query grid: e.g. the short tails of samples sharing a prompt next to
+    whole prompts. It waits for the next step instead."""
+    return num_chunks > 0 and (num_chunks + 1) * max(longest, n) > 2 * (tokens + n)

@@ -117,6 +117,17 @@ def test_no_partial_prefill_starts_behind_a_waiting_sibling():
     assert list(sched.waiting) == [c]  # partial, at the head
 
 
+def test_a_step_stops_before_its_padded_query_grid_doubles():
+    allocator = PageAllocator(num_pages=100, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=8, max_prefill_tokens=256)
+    long, mid, short, tiny = (Sequence(i, i, 0, list(range(n)), n, seed=0)
+                              for i, n in enumerate((40, 24, 6, 5)))
+    for seq in (long, mid, short, tiny):
+        sched.add(seq)
+    # 2 x 40 <= 2 x 64 and 3 x 40 <= 2 x 70, but 4 x 40 > 2 x 75: tiny waits
+    assert [n for _, n in sched.schedule_prefill()[0]] == [40, 24, 6]
+
+
 def test_compressed_siblings_copy_the_prompt_pages_and_keep_the_window():
     allocator = PageAllocator(num_pages=20, page_size=4)
     sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="copy", window=4)
