@@ -200,12 +200,20 @@ class CausalLM:
             o = F.linear(o.reshape(N, -1), attn.o_proj.weight, attn.o_proj.bias)
             post = layer.post_attention_layernorm
             x, h = ops.add_rms_norm(o, h, post.weight, post.variance_epsilon)
-            mlp = layer.mlp
-            o = F.linear(ops.silu_mul(F.linear(x, w_gu)), mlp.down_proj.weight,
-                         mlp.down_proj.bias)
+            o = self._down(ops, layer.mlp.down_proj, ops.silu_mul(F.linear(x, w_gu)))
             nxt = norms[i + 1] if i + 1 < len(norms) else self.base.norm
             x, h = ops.add_rms_norm(o, h, nxt.weight, nxt.variance_epsilon)
         return x
+
+    @staticmethod
+    def _down(ops, down: nn.Linear, act: torch.Tensor) -> torch.Tensor:
+        """The down projection, as float32 partial products when it has too few output
+        tiles to fill the GPU (fused_ops.split_k_parts); the next add_rms_norm sums them."""
+        parts = ops.split_k_parts(act.shape[0], *down.weight.shape, ops.num_sms(act.device))
+        if parts > 1 and down.bias is None and down.weight.is_contiguous() \
+                and act.is_contiguous():
+            return ops.split_k_linear(act, down.weight, parts)
+        return F.linear(act, down.weight, down.bias)
 
     def _qkv(self, i: int, x: torch.Tensor):
         """q [N, H_q, D], k and v [N, H_kv, D] of layer i: one GEMM when fused."""

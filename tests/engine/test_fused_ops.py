@@ -64,6 +64,31 @@ def test_add_rms_norm(ops, device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_k_partials_summed_by_add_rms_norm(ops, device, dtype):
+    """split_k_linear's float32 partials, summed inside add_rms_norm, give F.linear's
+    product rounded once to the model dtype, then the same residual add and RMSNorm."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 96, generator=g).to(device, dtype)
+    wt = (torch.randn(40, 96, generator=g) / 10).to(device, dtype)
+    res = torch.randn(6, 40, generator=g).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(40, generator=g)).to(device, dtype)
+    k = _ops(ops, device)
+    parts = k.split_k_linear(x, wt, 3)
+    assert parts.shape == (3, 6, 40) and parts.dtype == torch.float32
+    exact = (x.double() @ wt.double().T)
+    torch.testing.assert_close(parts.double().sum(0), exact, atol=1e-4, rtol=1e-4)
+    prod = (parts[0] + parts[1] + parts[2]).to(dtype)  # summed in order, rounded once
+    tol = dict(atol=1e-6, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5)
+    for residual, want_h in ((res, res + prod), (None, prod)):
+        out, h = k.add_rms_norm(parts, residual, w, 1e-6)
+        _same(h, want_h)
+        torch.testing.assert_close(out, rms_norm(h, _Norm(w, 1e-6)), **tol)
+    with pytest.raises(ValueError, match="do not divide"):
+        k.split_k_linear(x, wt, 5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_and_cache_write(ops, device, dtype):
     g = torch.Generator().manual_seed(2)
     T, HQ, HKV, D, S = 6, 4, 2, 16, 20
@@ -120,12 +145,16 @@ def test_rope_supported(ops):
     assert ops.rope_supported(16, 2, 128) and not ops.rope_supported(12, 2, 128)
 
 
-@pytest.mark.parametrize("fused_decode", [False, True])
-def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused_decode):
+@pytest.mark.parametrize("fused_decode,split_down", [(False, False), (True, False),
+                                                     (True, True)])
+def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused_decode,
+                                                  split_down):
     """The whole engine on the kernel path (interpreted) vs the reference path: same greedy
     tokens, log-probs equal to float32 rounding, dense and with the query ring (R-KV).
     fused_decode: decode steps run RoPE + cache write + attention as one kernel (as on
-    CUDA), else RoPE + cache write, then the PyTorch decode attention (as on CPU)."""
+    CUDA), else RoPE + cache write, then the PyTorch decode attention (as on CPU).
+    split_down: the down projection runs as split_k_linear's partials (the tiny model's
+    is too shallow to be split under the GPU's rule, so the rule's depth is lowered)."""
     from minisparse.config import CompressConfig
 
     ps = prompts(2, lo=4, hi=12)
@@ -141,6 +170,12 @@ def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused
         monkeypatch.setattr(decode, "rope_decode_attention",
                             lambda *a, **k: calls.append(1) or kernel(*a, **k))
         monkeypatch.setattr(models_mod, "decode_kernels", lambda h: decode)
+    splits = []
+    if split_down:
+        monkeypatch.setattr(ops, "MIN_SPLIT_INNER", 8)
+        split = ops.split_k_linear
+        monkeypatch.setattr(ops, "split_k_linear",
+                            lambda x, w, parts: splits.append(parts) or split(x, w, parts))
     for c, ref in zip((None, cfg), want):
         engine = make_engine(qwen2, c, page_size=4)
         engine.lm.fuse = True
@@ -150,4 +185,5 @@ def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused
             assert a.token_ids == b.token_ids
             torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
     assert bool(calls) == fused_decode
+    assert bool(splits) == split_down and all(p > 1 for p in splits)
     assert build("llama").config.hidden_act == "silu"

@@ -35,6 +35,7 @@ def test_elementwise_kernels(ops, dtype):
     cpu_ops.test_add_rms_norm(ops, "cuda", dtype)
     cpu_ops.test_rope_and_cache_write(ops, "cuda", dtype)
     cpu_ops.test_silu_mul(ops, "cuda", dtype)
+    cpu_ops.test_split_k_partials_summed_by_add_rms_norm(ops, "cuda", dtype)
 
 
 def test_rope_query_ring_write(ops):

@@ -81,6 +81,17 @@ def test_triton_empty_splits_and_odd_page_size(td):
         assert rel_err(out, ref) < 1e-4
 
 
+def test_split_merge_counters_reset_for_the_next_launch(td):
+    """The last split to finish merges and zeroes its counter, so a second launch (a CUDA
+    graph's next replay) merges again, with the same result."""
+    c = make_case([40, 9, 77], 8, 2, 64, 16, torch.float32, device=DEV, seed=8)
+    first = td.paged_decode_attention(*c.args(), num_splits=3, block_n=16)
+    assert not td._COUNTERS[c.q.device][-1].any()
+    again = td.paged_decode_attention(*c.args(), num_splits=3, block_n=16)
+    assert torch.equal(first, again)
+    assert rel_err(first, naive_reference(c)) < 1e-4
+
+
 def test_triton_strided_q_zero_length_and_max_len(td):
     """q as a head slice of a fused projection (non-contiguous rows), a zero-length
     sequence (zeros) and a loose host-side max_len bound."""

@@ -1,5 +1,6 @@
 """Triton kernels for the per-layer elementwise work of a forward on CUDA: residual add +
-RMSNorm, RoPE + K/V cache write (+ the query ring's write), SiLU(gate) * up.
+RMSNorm (which also sums a split-K projection's partial products), RoPE + K/V cache write
+(+ the query ring's write), SiLU(gate) * up.
 
 Why: at decode batch sizes each of these is a handful of tiny PyTorch kernels (RMSNorm
 alone is ~7: upcast, square, mean, rsqrt, scale, downcast, weight), ~35 launches per
@@ -16,36 +17,103 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_rms_kernel(X, RES, W, OUT, RES_OUT, eps, N: tl.constexpr, BLOCK: tl.constexpr,
-                    HAS_RES: tl.constexpr):
+def _add_rms_kernel(X, RES, W, OUT, RES_OUT, eps, stride_part, N: tl.constexpr,
+                    BLOCK: tl.constexpr, HAS_RES: tl.constexpr, PARTS: tl.constexpr):
+    """PARTS > 0: X holds that many float32 partial products (a split-K GEMM's), summed
+    in order and rounded to the model dtype, as the GEMM would have written its output."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    x = tl.load(X + row * N + cols, mask=mask, other=0.0)
+    DT = OUT.dtype.element_ty
+    if PARTS > 0:
+        acc = tl.load(X + row * N + cols, mask=mask, other=0.0)
+        for p in tl.static_range(1, PARTS):
+            acc += tl.load(X + p * stride_part + row * N + cols, mask=mask, other=0.0)
+        x = acc.to(DT)
+    else:
+        x = tl.load(X + row * N + cols, mask=mask, other=0.0)
     if HAS_RES:  # h = h + x, rounded to the model dtype as PyTorch's add
         x = (x.to(tl.float32) + tl.load(RES + row * N + cols, mask=mask, other=0.0)
-             .to(tl.float32)).to(X.dtype.element_ty)
+             .to(tl.float32)).to(DT)
+        tl.store(RES_OUT + row * N + cols, x, mask=mask)
+    elif PARTS > 0:  # no residual: the summed product is the new residual stream
         tl.store(RES_OUT + row * N + cols, x, mask=mask)
     h = x.to(tl.float32)
     var = tl.sum(h * h, 0) / N
-    y = (h * tl.rsqrt(var + eps)).to(X.dtype.element_ty)
+    y = (h * tl.rsqrt(var + eps)).to(DT)
     w = tl.load(W + cols, mask=mask, other=0.0)
-    tl.store(OUT + row * N + cols, (w.to(tl.float32) * y.to(tl.float32)).to(OUT.dtype.element_ty),
-             mask=mask)
+    tl.store(OUT + row * N + cols, (w.to(tl.float32) * y.to(tl.float32)).to(DT), mask=mask)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h) * weight, h) with h = residual + x (or x when residual is None);
-    x, residual [T, N] contiguous in the model dtype."""
-    T, N = x.shape
-    out = torch.empty_like(x)
-    res_out = torch.empty_like(x) if residual is not None else x
+    x, residual [T, N] contiguous in the model dtype. x may also be [S, T, N] float32:
+    the S partial products of split_k_linear, summed here (in the model dtype of
+    residual, or of weight when there is none) instead of in a separate reduce."""
+    parts = x.shape[0] if x.dim() == 3 else 0
+    T, N = x.shape[-2:]
+    dtype = x.dtype if not parts else residual.dtype if residual is not None else weight.dtype
+    out = torch.empty(T, N, dtype=dtype, device=x.device)
+    res_out = torch.empty_like(out) if residual is not None or parts else x
     if T:
         _add_rms_kernel[(T,)](x, residual if residual is not None else x, weight, out, res_out,
-                              eps, N=N, BLOCK=triton.next_power_of_2(N),
-                              HAS_RES=residual is not None, num_warps=4)
+                              eps, T * N, N=N, BLOCK=triton.next_power_of_2(N),
+                              HAS_RES=residual is not None, PARTS=parts, num_warps=4)
     return out, res_out
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def num_sms(device: torch.device) -> int:
+    """The device's SM count (132, an H100/H200's, off CUDA: the interpreter's tests then
+    take the GPU's decisions)."""
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+MIN_SPLIT_INNER = 2048  # inner size per part below which a part's GEMM is too short
+_TILE = 128  # output rows and columns per tile of the GEMM kernels cuBLAS picks at these sizes
+
+
+def split_k_parts(rows: int, out_features: int, in_features: int, num_sms: int) -> int:
+    """How many parts split_k_linear should use for a [rows, in] x [in, out] product: the
+    most parts (a power of two) whose output tiles still fit in one wave over the SMs, each
+    part at least MIN_SPLIT_INNER deep; 1 means F.linear. Measured on an H200
+    (scripts/sweep_split_k.py): the down projection of the 3B shape at 16-512 rows gains
+    1.06-1.15x with its norm, and q/k/v and o (inner 2,048) lose when split."""
+    tiles = -(-rows // _TILE) * -(-out_features // _TILE)
+    parts = 1
+    while (2 * parts * tiles <= num_sms and in_features % (2 * parts) == 0
+           and in_features // (2 * parts) >= MIN_SPLIT_INNER
+           and (in_features // (2 * parts)) % 8 == 0):
+        parts *= 2
+    return parts
+
+
+def split_k_linear(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
+    """x @ weight.T as `parts` float32 partial products over slices of the inner
+    dimension, [parts, T, N], one batched GEMM; add_rms_norm sums them.
+
+    Why: at decode batch sizes a narrow projection (the down projection's 2,048 outputs
+    from 11,008 inputs) has too few output tiles to fill the GPU; cuBLAS then splits K
+    itself and runs a reduce kernel, at about half the rate of the wide GEMMs. Here the
+    split is ours and its reduce rides in the next RMSNorm, which reads the residual
+    stream anyway."""
+    T, K = x.shape
+    N = weight.shape[0]
+    if K % parts:
+        raise ValueError(f"split_k_linear: {parts} parts do not divide the inner size {K}")
+    xs = x.view(T, parts, K // parts).transpose(0, 1)
+    ws = weight.view(N, parts, K // parts).permute(1, 2, 0)
+    if x.is_cuda and x.dtype != torch.float32:
+        return torch.bmm(xs, ws, out_dtype=torch.float32)
+    return torch.bmm(xs.float(), ws.float())  # exact products of the inputs either way
 
 
 @triton.jit

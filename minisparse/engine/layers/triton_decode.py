@@ -7,11 +7,13 @@ tile of K and V once (slots looked up per token through the page table, so BLOCK
 depend on page_size) and serves all G query heads of that KV head with one tl.dot against a
 [G_PAD, D] query tile (G padded to 16, the smallest MMA M; the padded rows are free because
 the kernel is bound by the K/V loads, not by the MMA). When B * H_kv programs cannot fill the
-GPU, the sequence axis is split (flash-decoding) and a second kernel merges the partial
-results through their log-sum-exps. Softmax runs in fp32 in base 2. rope_decode_attention
-is the same kernel taking the step's fused qkv projection instead of rotated queries: it
-applies RoPE itself and writes the new K/V (and the compression query ring), which saves
-the separate RoPE launch per layer of a decode step. fp32 inputs use exact
+GPU, the sequence axis is split (flash-decoding), and the last split of a (sequence, KV
+head) to finish merges the partial results through their log-sum-exps (a per-pair counter;
+no second launch: 1-3% faster than a merge kernel on an H200 where splits run). Softmax
+runs in fp32 in base 2. rope_decode_attention is the same kernel taking the step's fused
+qkv projection instead of rotated queries: it applies RoPE itself and writes the new K/V
+(and the compression query ring), which saves the separate RoPE launch per layer of a
+decode step. fp32 inputs use exact
 (non-TF32) dots; so do CPU tensors, i.e. Triton's interpreter, whose bf16/fp16 tl.dot
 returns garbage in Triton 3.6.
 """
@@ -21,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisparse.engine.layers.fused_ops import rotate_rows
+from minisparse.engine.layers.fused_ops import num_sms, rotate_rows
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 64
@@ -29,20 +31,22 @@ _MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost outweighs the extra p
 
 
 @triton.jit
-def _split_kernel(Q, K, V, PT, ROWS, LENS, OUT, MID_O, MID_LSE, qk_scale, split_len,
+def _split_kernel(Q, K, V, PT, ROWS, LENS, OUT, MID_O, MID_LSE, COUNT, qk_scale, split_len,
                   stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_pt,
                   stride_ob, stride_oh, stride_mb, stride_mh, stride_ms,
                   COS, SIN, SLOTS, RING, RING_ROWS,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                   BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, IEEE: tl.constexpr,
-                  ROPE: tl.constexpr, HKV: tl.constexpr, HAS_RING: tl.constexpr):
+                  ROPE: tl.constexpr, HKV: tl.constexpr, HAS_RING: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr):
     """ROPE: Q is the fused qkv projection (row stride stride_qb); this program rotates its
     query heads itself, and the split holding the new token (entry length - 1, not in the
     cache yet) rotates its key, writes key and value to SLOTS[b] (and the queries to the
     ring row RING_ROWS[b] when >= 0), and attends to it from registers after the cached
-    entries."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
+    entries. The KV heads are the grid's first axis, so a sequence's heads run side by
+    side and read whole slot rows together (0.4-1% faster on an H200 in 7 of 9 shapes)."""
+    h = tl.program_id(0)
+    b = tl.program_id(1)
     s = tl.program_id(2)
     row = tl.load(ROWS + b).to(tl.int64)
     length = tl.load(LENS + b)
@@ -125,36 +129,57 @@ def _split_kernel(Q, K, V, PT, ROWS, LENS, OUT, MID_O, MID_LSE, qk_scale, split_
         tl.store(MID_O + base[:, None] * D + d[None, :], o, mask=gmask)
         lse = tl.where(nonempty, m + tl.log2(tl.where(nonempty, l, 1.0)), float("-inf"))
         tl.store(MID_LSE + base, lse, mask=g < G)
+        # The last split of this (sequence, KV head) to finish merges all of them: no
+        # second launch. The barrier orders every thread's stores before the counter's
+        # release; the acquire makes the other splits' stores visible to this program.
+        tl.debug_barrier()
+        cnt = COUNT + b.to(tl.int64) * HKV + h
+        if tl.atomic_add(cnt, 1, sem="acq_rel") == NUM_SPLITS - 1:
+            _merge_splits(MID_O, MID_LSE, OUT, b.to(tl.int64) * stride_mb + heads * stride_mh,
+                          stride_ms, b.to(tl.int64) * stride_ob + heads * stride_oh, g < G,
+                          NUM_SPLITS, S_PAD, D)
+            tl.store(cnt, 0)  # ready for the next launch (a CUDA graph's next replay)
 
 
 @triton.jit
-def _merge_kernel(MID_O, MID_LSE, OUT, stride_mb, stride_mh, stride_ms, stride_ob, stride_oh,
-                  NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr):
-    """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M): exact softmax over all splits."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
+def _merge_splits(MID_O, MID_LSE, OUT, base, stride_ms, out_off, hmask, NUM_SPLITS: tl.constexpr,
+                  S_PAD: tl.constexpr, D: tl.constexpr):
+    """out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) for the heads at base (offsets
+    of split 0): exact softmax over all splits. Loads bypass L1 (.cg): other programs
+    wrote these partials."""
     sp = tl.arange(0, S_PAD)
     d = tl.arange(0, D)
-    base = b.to(tl.int64) * stride_mb + h * stride_mh + sp * stride_ms
-    lse = tl.load(MID_LSE + base, mask=sp < NUM_SPLITS, other=float("-inf"))
+    lse = tl.load(MID_LSE + base[None, :] + sp[:, None] * stride_ms,
+                  mask=(sp < NUM_SPLITS)[:, None] & hmask[None, :], other=float("-inf"),
+                  cache_modifier=".cg")
     top = tl.max(lse, 0)
-    w = tl.exp2(lse - tl.where(top > float("-inf"), top, 0.0))  # empty splits weigh 0
-    o = tl.load(MID_O + base[:, None] * D + d[None, :], mask=(w > 0)[:, None], other=0.0)
-    total = tl.sum(w, 0)
-    res = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(OUT + b.to(tl.int64) * stride_ob + h * stride_oh + d, res.to(OUT.dtype.element_ty))
+    top = tl.where(top > float("-inf"), top, 0.0)
+    res = tl.zeros([base.shape[0], D], tl.float32)
+    total = tl.zeros([base.shape[0]], tl.float32)
+    for t in tl.static_range(NUM_SPLITS):
+        off = base + t * stride_ms
+        w = tl.exp2(tl.load(MID_LSE + off, mask=hmask, other=float("-inf"),
+                            cache_modifier=".cg") - top)  # empty splits weigh 0
+        o = tl.load(MID_O + off[:, None] * D + d[None, :], mask=(w > 0)[:, None], other=0.0,
+                    cache_modifier=".cg")
+        res += o * w[:, None]
+        total += w
+    res = res / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(OUT + out_off[:, None] + d[None, :], res.to(OUT.dtype.element_ty),
+             mask=hmask[:, None])
 
 
-_SM_COUNT: dict[int, int] = {}
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """A zeroed int32 counter per (sequence, KV head) for the last-split merge, shared by
+    every launch on the device (each merge resets its own to 0). A larger need gets a new
+    buffer; the old ones stay alive for the CUDA graphs that captured them."""
+    bufs = _COUNTERS.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
+    return bufs[-1]
 
 
 def choose_splits(batch_heads: int, max_len: int, num_sms: int) -> int:
@@ -237,15 +262,17 @@ def _check(h_q: int, D: int, k_cache: torch.Tensor, v_cache: torch.Tensor, page_
 def _launch(q, stride_qb, stride_qh, out, k_cache, v_cache, page_table, rows, cache_lens,
             page_size, scale, max_len, num_splits, block_n, num_warps, num_stages,
             rope=None) -> torch.Tensor:
-    """The split kernel (and the merge when it splits) over q (or qkv, with rope = (cos,
+    """The split kernel (which merges its splits itself) over q (or qkv, with rope = (cos,
     sin, slots, ring, ring_rows))."""
     B, (h_q, D), h_kv = out.shape[0], out.shape[1:], k_cache.shape[1]
     if B == 0:
         return out
+    if B > 65535:  # the grid's second axis
+        raise ValueError(f"decode attention takes at most 65,535 sequences per call, got {B}")
     if max_len is None:
         max_len = int(cache_lens.max())
     if num_splits is None:
-        num_splits = choose_splits(B * h_kv, max_len, _num_sms(q.device))
+        num_splits = choose_splits(B * h_kv, max_len, num_sms(q.device))
     # split s covers entries [s * split_len, (s + 1) * split_len), a whole number of blocks
     split_len = -(-max(-(-max_len // num_splits), 1) // block_n) * block_n
     single = num_splits == 1
@@ -256,8 +283,9 @@ def _launch(q, stride_qb, stride_qh, out, k_cache, v_cache, page_table, rows, ca
         mid_lse = torch.empty(B, h_q, num_splits, dtype=torch.float32, device=q.device)
     cos, sin, slots, ring, ring_rows = rope or (out, out, rows, None, None)
     has_ring = ring is not None
-    _split_kernel[(B, h_kv, num_splits)](
-        q, k_cache, v_cache, page_table, rows, cache_lens, out, mid_o, mid_lse,
+    count = rows if single else _counters(q.device, B * h_kv)
+    _split_kernel[(h_kv, B, num_splits)](
+        q, k_cache, v_cache, page_table, rows, cache_lens, out, mid_o, mid_lse, count,
         scale * _LOG2E, split_len,
         stride_qb, stride_qh, k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
@@ -267,9 +295,6 @@ def _launch(q, stride_qb, stride_qh, out, k_cache, v_cache, page_table, rows, ca
         G=h_q // h_kv, G_PAD=max(16, triton.next_power_of_2(h_q // h_kv)), D=D,
         PAGE=page_size, BLOCK_N=block_n, SINGLE=single,
         IEEE=q.dtype == torch.float32 or not q.is_cuda, ROPE=rope is not None, HKV=h_kv,
-        HAS_RING=has_ring, num_warps=num_warps, num_stages=num_stages)
-    if not single:
-        _merge_kernel[(B, h_q)](mid_o, mid_lse, out, h_q * num_splits, num_splits, 1,
-                                out.stride(0), out.stride(1), NUM_SPLITS=num_splits,
-                                S_PAD=triton.next_power_of_2(num_splits), D=D, num_warps=4)
+        HAS_RING=has_ring, NUM_SPLITS=num_splits, S_PAD=triton.next_power_of_2(num_splits),
+        num_warps=num_warps, num_stages=num_stages)
     return out
