@@ -34,8 +34,25 @@ def test_warmup_reaches_the_first_compression():
     base = ["--prompt-len", "160", "--budget", "512", "--divide-length", "128", "--warmup", "32"]
     assert warmup_tokens(parse_args(base)) == 32  # dense: as given
     rkv = parse_args(base + ["--compress", "rkv"])
-    assert warmup_tokens(rkv) == 512 + 128 - 160 + 2
+    assert warmup_tokens(rkv) == 512 + 2 * 128 - 160 + 2  # through the second event
     assert warmup_tokens(parse_args(base + ["--compress", "rkv", "--warmup", "0"])) == 0
+
+
+@pytest.mark.parametrize("prompt_len", [12, 9])
+def test_warmup_runs_two_compression_events_per_sequence(tiny_path, prompt_len):
+    """The first event compresses caches of whatever length first passes the budget, later
+    ones caches at the cap; the warm-up must run both shapes so that no timed run compiles
+    kernels (one event short of that cost ~1.1 s in every first timed run on an H200)."""
+    import dataclasses
+
+    from minisparse.engine.bench import build
+
+    args = parse_args(["--model", str(tiny_path), "--device", "cpu", "--batch", "3",
+                       "--prompt-len", str(prompt_len), "--compress", "rkv", "--budget",
+                       "16", "--divide-length", "4", "--warmup", "1"])
+    engine, prompts, params, _ = build(args)
+    engine.generate(prompts, dataclasses.replace(params, max_new_tokens=warmup_tokens(args)))
+    assert engine.last_stats.compressions >= 2 * 3
 
 
 def test_old_flag_spellings_stay_aliases():
