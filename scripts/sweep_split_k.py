@@ -57,7 +57,6 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    rows = []
     for name in args.shapes:
         N, K = SHAPES[name]
         ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5 for _ in range(LAYERS)]
@@ -77,7 +76,6 @@ def main() -> None:
                     lambda: [ops.add_rms_norm(ops.split_k_linear(x, w, p), res, nw, 1e-6)
                              for w in ws])
                 row[f"s{p}_err"] = check(x, ws[0], res, nw, p)
-            rows.append(row)
             best = min((k for k in row if k.endswith("+norm") and k != "linear+norm"),
                        key=row.get)
             print(f"{name:5s} M={M:5d} linear {row['linear']:6.1f} +norm "

@@ -183,6 +183,8 @@ class CausalLM:
             ring_rows = torch.full((N,), -1, dtype=torch.long, device=h.device)
             ring_rows[ctx.ring_src] = ctx.ring_dst
         decode = decode_kernels(h) if ctx.is_decode else False
+        down_parts = ops.split_k_parts(N, *self.layers[0].mlp.down_proj.weight.shape,
+                                       ops.num_sms(h.device))  # every layer's shape
         x, h = ops.add_rms_norm(h, None, norms[0].weight, norms[0].variance_epsilon)
         for i, layer in enumerate(self.layers):
             attn, (w_qkv, b_qkv, w_gu) = layer.self_attn, self.fused[i]
@@ -200,16 +202,17 @@ class CausalLM:
             o = F.linear(o.reshape(N, -1), attn.o_proj.weight, attn.o_proj.bias)
             post = layer.post_attention_layernorm
             x, h = ops.add_rms_norm(o, h, post.weight, post.variance_epsilon)
-            o = self._down(ops, layer.mlp.down_proj, ops.silu_mul(F.linear(x, w_gu)))
+            o = self._down(ops, layer.mlp.down_proj, ops.silu_mul(F.linear(x, w_gu)),
+                           down_parts)
             nxt = norms[i + 1] if i + 1 < len(norms) else self.base.norm
             x, h = ops.add_rms_norm(o, h, nxt.weight, nxt.variance_epsilon)
         return x
 
     @staticmethod
-    def _down(ops, down: nn.Linear, act: torch.Tensor) -> torch.Tensor:
+    def _down(ops, down: nn.Linear, act: torch.Tensor, parts: int) -> torch.Tensor:
         """The down projection, as float32 partial products when it has too few output
-        tiles to fill the GPU (fused_ops.split_k_parts); the next add_rms_norm sums them."""
-        parts = ops.split_k_parts(act.shape[0], *down.weight.shape, ops.num_sms(act.device))
+        tiles to fill the GPU (parts > 1, from fused_ops.split_k_parts); the next
+        add_rms_norm sums them."""
         if parts > 1 and down.bias is None and down.weight.is_contiguous() \
                 and act.is_contiguous():
             return ops.split_k_linear(act, down.weight, parts)

@@ -13,9 +13,8 @@ no second launch: 1-3% faster than a merge kernel on an H200 where splits run). 
 runs in fp32 in base 2. rope_decode_attention is the same kernel taking the step's fused
 qkv projection instead of rotated queries: it applies RoPE itself and writes the new K/V
 (and the compression query ring), which saves the separate RoPE launch per layer of a
-decode step. fp32 inputs use exact
-(non-TF32) dots; so do CPU tensors, i.e. Triton's interpreter, whose bf16/fp16 tl.dot
-returns garbage in Triton 3.6.
+decode step. fp32 inputs use exact (non-TF32) dots; so do CPU tensors, i.e. Triton's
+interpreter, whose bf16/fp16 tl.dot returns garbage in Triton 3.6.
 """
 from __future__ import annotations
 
