@@ -188,20 +188,33 @@ def choose_splits(batch_heads: int, max_len: int, num_sms: int) -> int:
     return max(1, min(want, cap, _MAX_SPLITS))
 
 
+def pipeline_stages(num_splits: int) -> int:
+    """Triton's num_stages for the kernel. Triton 3.6 gives the page-id load a stage of
+    its own, so K and V get a second shared-memory buffer (the next tile's copy in flight
+    while this one is computed) only from 5 stages on; 2-4 all single-buffer them.
+    Double buffering costs shared memory (72 KB per program at block_n 64: 3 programs per
+    SM instead of 4), which loses where the grid fills the GPU without splits (256 x 600:
+    46.0 -> 60.7 us; 256 x 4,096: 267 -> 321 us) and wins where the sequence axis is split
+    because the batch is small (64 x 4,096: 79.1 -> 73.9 us; 16 x 4,096: 30.8 -> 26.0 us;
+    H200, CUDA-graph replays)."""
+    return 2 if num_splits == 1 else 5
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            page_table: torch.Tensor, rows: torch.Tensor,
                            cache_lens: torch.Tensor, page_size: int, scale: float, *,
                            max_len: int | None = None, num_splits: int | None = None,
                            block_n: int = 64, num_warps: int = 4,
-                           num_stages: int = 2) -> torch.Tensor:
+                           num_stages: int | None = None) -> torch.Tensor:
     """q [B, H_q, D]; k/v_cache [S, H_kv, D]; page_table [R, P]; rows [B]; cache_lens [B]
     (valid entries, including the token just written). Returns [B, H_q, D] in q's dtype.
 
     max_len: max(cache_lens) or any upper bound, known on the host (else read with a device
     sync); entries past num_splits * split_len >= max_len are never visited, so it must not
     be smaller. num_splits overrides the heuristic (tests force split-K). block_n,
-    num_warps, num_stages: the tiling; the defaults were the fastest (within 2%) of
-    32-128 / 2-8 / 1-4 and 1-4 splits on an H200 at B = 256 and 1,024, L = 600-4,096."""
+    num_warps, num_stages: the tiling; block_n 64 and 4 warps were the fastest (within 2%)
+    of 32-128 / 2-8 on an H200 at B = 256 and 1,024, L = 600-4,096; num_stages: see
+    pipeline_stages."""
     B, h_q, D = q.shape
     _check(h_q, D, k_cache, v_cache, page_size, block_n)
     q = q if q.stride(2) == 1 else q.contiguous()
@@ -219,7 +232,7 @@ def rope_decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
                           ring_rows: torch.Tensor | None = None, *,
                           max_len: int | None = None, num_splits: int | None = None,
                           block_n: int = 64, num_warps: int = 4,
-                          num_stages: int = 2) -> torch.Tensor:
+                          num_stages: int | None = None) -> torch.Tensor:
     """One decode step's RoPE, K/V cache write, query-ring write and attention in one
     kernel: fused_ops.rope_and_cache followed by paged_decode_attention, for qkv [B,
     (H_q + 2 H_kv) D] (the fused projection, one new token per sequence) whose new token
@@ -272,6 +285,8 @@ def _launch(q, stride_qb, stride_qh, out, k_cache, v_cache, page_table, rows, ca
         max_len = int(cache_lens.max())
     if num_splits is None:
         num_splits = choose_splits(B * h_kv, max_len, num_sms(q.device))
+    if num_stages is None:
+        num_stages = pipeline_stages(num_splits)
     # split s covers entries [s * split_len, (s + 1) * split_len), a whole number of blocks
     split_len = -(-max(-(-max_len // num_splits), 1) // block_n) * block_n
     single = num_splits == 1
