@@ -5,6 +5,8 @@ Every slot a sequence does not own holds NaN, so any read outside 0..cache_len-1
 tails, spare pages, unused page-table entries) would turn the output into NaN."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -178,3 +180,37 @@ def test_triton_rejects_bad_shapes(td):
                                              c.v_cache[..., :48], *c.args()[3:])
     with pytest.raises(ValueError, match="block_n"):
         td.paged_decode_attention(*c.args(), block_n=24)
+
+
+def test_pipeline_stages_double_buffer_only_where_the_sequence_is_split():
+    """pipeline_stages' reason, checked on the kernel as compiled for an H100/H200 (sm_90a,
+    with Triton's bundled ptxas: no GPU; scripts/kernel_resources.py): at the engine's
+    tiling the single-split launch keeps one K and one V buffer and fits 4 programs per SM
+    (a 256-sequence grid in one wave); a split launch gets two of each. A fresh process:
+    the interpreter switch of the tests above is process-wide."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "kernel_resources.py"
+    code = (
+        "import json, os, sys\n"
+        f"sys.path.insert(0, {str(script.parent)!r})\n"
+        "import kernel_resources as kr\n"
+        "os.path.exists(kr.ptxas()) or sys.exit(3)\n"
+        "from minisparse.engine.layers.triton_decode import pipeline_stages as ps\n"
+        "rows = [kr.decode_attention(64, 4, ps(s), splits=s) for s in (1, 4)]\n"
+        "print(json.dumps([[r.buffers, r.spill_bytes, r.programs_per_sm] for r in rows]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=script.parents[1], timeout=300)
+    if run.returncode == 3:
+        pytest.skip("this Triton install has no ptxas")
+    assert run.returncode == 0, run.stderr[-2000:]
+    (single, single_spill, single_fit), (split, split_spill, _) = json.loads(
+        run.stdout.strip().splitlines()[-1])
+    assert sorted(b for b in single if b.endswith("x128")) == ["1x64x128", "1x64x128"]
+    assert sorted(b for b in split if b.endswith("x128")) == ["2x64x128", "2x64x128"]
+    assert single_spill == split_spill == 0
+    assert single_fit >= 4
