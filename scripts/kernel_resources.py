@@ -86,16 +86,13 @@ def decode_attention(block_n: int, num_warps: int, num_stages: int, *, rope: boo
     """triton_decode's kernel at the engine's decode-step call (bf16, Qwen2.5-3B heads)."""
     from minisparse.engine.layers import triton_decode as td
 
-    ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "MID_O": "*fp32",
-           "MID_LSE": "*fp32", "PT": "*i64", "ROWS": "*i64", "LENS": "*i32", "COUNT": "*i32",
-           "COS": "*bf16", "SIN": "*bf16", "SLOTS": "*i64", "RING": "*bf16",
-           "RING_ROWS": "*i64", "qk_scale": "fp32"}
-    types = {n: ptr.get(n, "i32") for n in td._split_kernel.arg_names}
-    group = q_heads // kv_heads
-    const = dict(G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim,
-                 PAGE=page_size, BLOCK_N=block_n, SINGLE=splits == 1, IEEE=False, ROPE=rope,
-                 HKV=kv_heads, HAS_RING=False, NUM_SPLITS=splits,
-                 S_PAD=triton.next_power_of_2(splits))
+    typed = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "MID_O": "*fp32",
+             "MID_LSE": "*fp32", "PT": "*i64", "ROWS": "*i64", "LENS": "*i32",
+             "COUNT": "*i32", "COS": "*bf16", "SIN": "*bf16", "SLOTS": "*i64", "RING": "*bf16",
+             "RING_ROWS": "*i64", "qk_scale": "fp32"}
+    types = {n: typed.get(n, "i32") for n in td._split_kernel.arg_names}
+    const = dict(td.shape_constants(q_heads, kv_heads, head_dim, page_size, block_n, splits),
+                 IEEE=False, ROPE=rope, HAS_RING=False)
     divisible = {"stride_qb", "stride_qh", "stride_ks", "stride_kh", "stride_vs", "stride_vh",
                  "stride_ob", "stride_oh", "split_len", "stride_mb", "stride_mh"}
     return compile_sm90(td._split_kernel, types, const, divisible, num_warps=num_warps,
@@ -106,10 +103,10 @@ def sampler(block: int, num_warps: int, *, greedy: bool = False, chunks: int = 1
     """sampler_triton's chunk kernel (bf16 logits, no truncation, as in the bench)."""
     from minisparse.engine.layers import sampler_triton as st
 
-    ptr = {"LOGITS": "*bf16", "COL_HASH": "*i32", "SEEDS": "*i64", "STEPS": "*i64",
-           "THRESH": "*fp32", "M_OUT": "*fp32", "L_OUT": "*fp32", "K_OUT": "*fp32",
-           "I_OUT": "*i32", "S_OUT": "*fp32", "inv_t": "fp32"}
-    types = {n: ptr.get(n, "i32") for n in st._partial_kernel.arg_names}
+    typed = {"LOGITS": "*bf16", "COL_HASH": "*i32", "SEEDS": "*i64", "STEPS": "*i64",
+             "THRESH": "*fp32", "M_OUT": "*fp32", "L_OUT": "*fp32", "K_OUT": "*fp32",
+             "I_OUT": "*i32", "S_OUT": "*fp32", "inv_t": "fp32"}
+    types = {n: typed.get(n, "i32") for n in st._partial_kernel.arg_names}
     const = dict(NSPLIT=chunks, GREEDY=greedy, HAS_THRESH=False, BLOCK=block, FAST=True)
     return compile_sm90(st._partial_kernel, types, const, {"stride_row", "chunk"},
                         num_warps=num_warps, num_stages=1)

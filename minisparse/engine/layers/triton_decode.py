@@ -306,9 +306,18 @@ def _launch(q, stride_qb, stride_qh, out, k_cache, v_cache, page_table, rows, ca
         out.stride(0), out.stride(1),
         h_q * num_splits, num_splits, 1,
         cos, sin, slots, ring if has_ring else out, ring_rows if has_ring else rows,
-        G=h_q // h_kv, G_PAD=max(16, triton.next_power_of_2(h_q // h_kv)), D=D,
-        PAGE=page_size, BLOCK_N=block_n, SINGLE=single,
-        IEEE=q.dtype == torch.float32 or not q.is_cuda, ROPE=rope is not None, HKV=h_kv,
-        HAS_RING=has_ring, NUM_SPLITS=num_splits, S_PAD=triton.next_power_of_2(num_splits),
-        num_warps=num_warps, num_stages=num_stages)
+        **shape_constants(h_q, h_kv, D, page_size, block_n, num_splits),
+        IEEE=q.dtype == torch.float32 or not q.is_cuda, ROPE=rope is not None,
+        HAS_RING=has_ring, num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+def shape_constants(h_q: int, h_kv: int, head_dim: int, page_size: int, block_n: int,
+                    num_splits: int) -> dict:
+    """The kernel's compile-time constants that follow from the shapes and the tiling
+    (one place for _launch and scripts/kernel_resources.py, which compiles the same
+    variant offline)."""
+    group = h_q // h_kv
+    return dict(G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim,
+                PAGE=page_size, BLOCK_N=block_n, SINGLE=num_splits == 1, HKV=h_kv,
+                NUM_SPLITS=num_splits, S_PAD=triton.next_power_of_2(num_splits))
