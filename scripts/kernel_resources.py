@@ -21,12 +21,16 @@ import argparse
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 SM_REGISTERS, SM_SHARED, SM_PROGRAMS = 65536, 228 * 1024, 32  # per SM on sm_90
 
