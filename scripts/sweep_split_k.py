@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from minisparse.engine.layers import fused_ops as ops
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from minisparse.engine.layers import fused_ops as ops  # noqa: E402
 
 SHAPES = {"qkv": (2560, 2048), "o": (2048, 2048), "down": (2048, 11008)}  # N, K (3B shape)
 LAYERS = 36
