@@ -101,6 +101,7 @@ def bench_one(B: int, mean: int, args: argparse.Namespace) -> dict:
     from triton.testing import do_bench
 
     from minisparse.engine.layers import triton_decode  # imported on use: see paged_decode.py
+    from minisparse.engine.layers.fused_ops import num_sms
 
     g = torch.Generator().manual_seed(B * 7919 + mean)
     lo, hi = max(1, int(mean * 0.9)), int(mean * 1.1) + 1
@@ -116,8 +117,7 @@ def bench_one(B: int, mean: int, args: argparse.Namespace) -> dict:
     t_k = do_bench(run, warmup=25, rep=args.rep, return_mode="median")
     t_s = do_bench(ref_fn, warmup=25, rep=args.rep, return_mode="median")
     nbytes = sum(lens) * args.kv_heads * args.head_dim * 2 * c.k_cache.element_size()
-    splits = triton_decode.choose_splits(B * args.kv_heads, max_len,
-                                         torch.cuda.get_device_properties(0).multi_processor_count)
+    splits = triton_decode.choose_splits(B * args.kv_heads, max_len, num_sms(c.q.device))
     return dict(B=B, L=mean, splits=splits, ms=t_k, gbs=nbytes / t_k / 1e6, sdpa_ms=t_s,
                 sdpa_gbs=nbytes / t_s / 1e6, speedup=t_s / t_k, err=err)
 
