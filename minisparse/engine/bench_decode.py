@@ -9,6 +9,8 @@ report achieved bandwidth against the bytes that must be read (sum(cache_lens) *
 Lengths are drawn uniformly within +-10% of each mean. The SDPA column is the engine's
 former decode path (gather the slots into a dense copy, then masked SDPA with the G query
 heads folded into the query axis). "err" is the kernel's relative error against it.
+--fa3 adds FlashAttention-3's paged decode from sgl-kernel (installed with SGLang) on the
+same pool, the kernel library the engine would otherwise use (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -71,6 +73,31 @@ def make_case(lens: list[int], h_q: int, h_kv: int, D: int, page_size: int,
 
 
 
+def fa3_decode(c: Case, max_len: int):
+    """A closure running sgl-kernel's FA3 paged decode (flash_attn_with_kvcache) on case c:
+    the pool viewed as [pages, page_size, H_kv, D] and each sequence's page-table row as
+    int32, gathered once outside the timed call (an engine would do it once per step)."""
+    try:
+        from sgl_kernel.flash_attn import flash_attn_with_kvcache
+    except ImportError as e:
+        raise RuntimeError(f"--fa3 needs sgl-kernel (it comes with SGLang): {e}") from e
+    B, h_q, D = c.q.shape
+    h_kv = c.k_cache.shape[1]
+    pages = -(-max_len // c.page_size)
+    table = c.page_table[c.rows][:, :pages].to(torch.int32).contiguous()
+    k = c.k_cache.view(-1, c.page_size, h_kv, D)
+    v = c.v_cache.view(-1, c.page_size, h_kv, D)
+    q = c.q.view(B, 1, h_q, D)
+    lens = c.cache_lens.to(torch.int32)
+
+    def run() -> torch.Tensor:
+        out = flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=table,
+                                      softmax_scale=c.scale, causal=True)
+        return (out[0] if isinstance(out, tuple) else out).view(B, h_q, D)
+
+    return run
+
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CONFIGS = "256x640,256x4096,64x4096,16x4096,4x16384,1x16384"
 
@@ -118,8 +145,14 @@ def bench_one(B: int, mean: int, args: argparse.Namespace) -> dict:
     t_s = do_bench(ref_fn, warmup=25, rep=args.rep, return_mode="median")
     nbytes = sum(lens) * args.kv_heads * args.head_dim * 2 * c.k_cache.element_size()
     splits = triton_decode.choose_splits(B * args.kv_heads, max_len, num_sms(c.q.device))
-    return dict(B=B, L=mean, splits=splits, ms=t_k, gbs=nbytes / t_k / 1e6, sdpa_ms=t_s,
-                sdpa_gbs=nbytes / t_s / 1e6, speedup=t_s / t_k, err=err)
+    row = dict(B=B, L=mean, splits=splits, ms=t_k, gbs=nbytes / t_k / 1e6, sdpa_ms=t_s,
+               sdpa_gbs=nbytes / t_s / 1e6, speedup=t_s / t_k, err=err)
+    if args.fa3:
+        fa3 = fa3_decode(c, max_len)
+        t_f = do_bench(fa3, warmup=25, rep=args.rep, return_mode="median")
+        row.update(fa3_ms=t_f, fa3_gbs=nbytes / t_f / 1e6,
+                   fa3_err=float((fa3().float() - ref.float()).norm() / ref.float().norm()))
+    return row
 
 
 def main() -> None:
@@ -131,18 +164,24 @@ def main() -> None:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--rep", type=int, default=200, help="do_bench time budget per call (ms)")
+    p.add_argument("--fa3", action="store_true",
+                   help="also time sgl-kernel's FA3 paged decode on the same pool")
     args = p.parse_args()
     print(f"{torch.cuda.get_device_name()}  H_q={args.q_heads} H_kv={args.kv_heads} "
           f"D={args.head_dim} page={args.page_size} {args.dtype}")
     head = f"{'B':>4} {'L':>6} {'splits':>6} {'triton ms':>10} {'GB/s':>7} " \
            f"{'sdpa ms':>9} {'GB/s':>7} {'speedup':>8} {'err':>8}"
+    if args.fa3:
+        head += f" {'fa3 ms':>9} {'GB/s':>7} {'fa3/triton':>10} {'fa3 err':>8}"
     print(head)
     for cfg in args.configs.split(","):
         B, L = (int(x) for x in cfg.split("x"))
         r = bench_one(B, L, args)
         print(f"{r['B']:>4} {r['L']:>6} {r['splits']:>6} {r['ms']:>10.4f} {r['gbs']:>7.0f} "
               f"{r['sdpa_ms']:>9.4f} {r['sdpa_gbs']:>7.0f} {r['speedup']:>7.2f}x "
-              f"{r['err']:>8.1e}")
+              f"{r['err']:>8.1e}" + (f" {r['fa3_ms']:>9.4f} {r['fa3_gbs']:>7.0f} "
+                                       f"{r['fa3_ms'] / r['ms']:>9.2f}x {r['fa3_err']:>8.1e}"
+                                       if args.fa3 else ""))
         torch.cuda.empty_cache()
 
 

@@ -173,6 +173,19 @@ def test_choose_splits(td):
     assert td.choose_splits(64, 4096, 132) == 5
 
 
+def test_fa3_comparison_names_what_is_missing():
+    """bench_decode --fa3 without sgl-kernel: an error saying what to install."""
+    import importlib.util
+
+    from minisparse.engine.bench_decode import fa3_decode
+
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        pytest.skip("sgl-kernel is installed here")
+    c = make_case([5, 9], 4, 2, 16, 4, torch.float32)
+    with pytest.raises(RuntimeError, match="sgl-kernel"):
+        fa3_decode(c, 9)
+
+
 def test_triton_rejects_bad_shapes(td):
     c = make_case([4], 4, 2, 64, 16, torch.float32, device=DEV)
     with pytest.raises(ValueError, match="head_dim"):
