@@ -10,11 +10,12 @@ Lengths are drawn uniformly within +-10% of each mean. The SDPA column is the en
 former decode path (gather the slots into a dense copy, then masked SDPA with the G query
 heads folded into the query axis). "err" is the kernel's relative error against it.
 --fa3 adds FlashAttention-3's paged decode from sgl-kernel (installed with SGLang) on the
-same pool, the kernel library the engine would otherwise use (docs/benchmarks.md).
+same pool: the library alternative to the Triton kernel (measured in docs/benchmarks.md).
 """
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -73,7 +74,7 @@ def make_case(lens: list[int], h_q: int, h_kv: int, D: int, page_size: int,
 
 
 
-def fa3_decode(c: Case, max_len: int):
+def fa3_decode(c: Case, max_len: int) -> Callable[[], torch.Tensor]:
     """A closure running sgl-kernel's FA3 paged decode (flash_attn_with_kvcache) on case c:
     the pool viewed as [pages, page_size, H_kv, D] and each sequence's page-table row as
     int32, gathered once outside the timed call (an engine would do it once per step)."""
@@ -91,6 +92,7 @@ def fa3_decode(c: Case, max_len: int):
     lens = c.cache_lens.to(torch.int32)
 
     def run() -> torch.Tensor:
+        # one query per sequence: causal (aligned to the cache's end) attends to all of it
         out = flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=table,
                                       softmax_scale=c.scale, causal=True)
         return (out[0] if isinstance(out, tuple) else out).view(B, h_q, D)
