@@ -74,14 +74,20 @@ def make_case(lens: list[int], h_q: int, h_kv: int, D: int, page_size: int,
 
 
 
-def fa3_decode(c: Case, max_len: int) -> Callable[[], torch.Tensor]:
-    """A closure running sgl-kernel's FA3 paged decode (flash_attn_with_kvcache) on case c:
-    the pool viewed as [pages, page_size, H_kv, D] and each sequence's page-table row as
-    int32, gathered once outside the timed call (an engine would do it once per step)."""
+def fa3_kernel() -> Callable:
+    """sgl-kernel's flash_attn_with_kvcache, or a RuntimeError saying what to install."""
     try:
         from sgl_kernel.flash_attn import flash_attn_with_kvcache
     except ImportError as e:
         raise RuntimeError(f"--fa3 needs sgl-kernel (it comes with SGLang): {e}") from e
+    return flash_attn_with_kvcache
+
+
+def fa3_decode(c: Case, max_len: int) -> Callable[[], torch.Tensor]:
+    """A closure running sgl-kernel's FA3 paged decode (flash_attn_with_kvcache) on case c:
+    the pool viewed as [pages, page_size, H_kv, D] and each sequence's page-table row as
+    int32, gathered once outside the timed call (an engine would do it once per step)."""
+    flash_attn_with_kvcache = fa3_kernel()
     B, h_q, D = c.q.shape
     h_kv = c.k_cache.shape[1]
     pages = -(-max_len // c.page_size)
@@ -157,7 +163,8 @@ def bench_one(B: int, mean: int, args: argparse.Namespace) -> dict:
     return row
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (also what the GPU tests pass to bench_one)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default=CONFIGS, help="comma list of BATCHxMEAN_LENGTH")
     p.add_argument("--q-heads", type=int, default=16)
@@ -168,7 +175,16 @@ def main() -> None:
     p.add_argument("--rep", type=int, default=200, help="do_bench time budget per call (ms)")
     p.add_argument("--fa3", action="store_true",
                    help="also time sgl-kernel's FA3 paged decode on the same pool")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.fa3:
+        try:
+            fa3_kernel()
+        except RuntimeError as e:  # before any timing, without a traceback
+            raise SystemExit(f"bench_decode: {e}") from e
     print(f"{torch.cuda.get_device_name()}  H_q={args.q_heads} H_kv={args.kv_heads} "
           f"D={args.head_dim} page={args.page_size} {args.dtype}")
     head = f"{'B':>4} {'L':>6} {'splits':>6} {'triton ms':>10} {'GB/s':>7} " \

@@ -174,7 +174,8 @@ def test_choose_splits(td):
 
 
 def test_fa3_comparison_names_what_is_missing():
-    """bench_decode --fa3 without sgl-kernel: an error saying what to install."""
+    """bench_decode --fa3 without sgl-kernel: an error saying what to install (the command
+    line says it before any timing, without a traceback)."""
     import importlib.util
 
     from minisparse.engine.bench_decode import fa3_decode
@@ -184,6 +185,14 @@ def test_fa3_comparison_names_what_is_missing():
     c = make_case([5, 9], 4, 2, 16, 4, torch.float32)
     with pytest.raises(RuntimeError, match="sgl-kernel"):
         fa3_decode(c, 9)
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "minisparse.engine.bench_decode", "--fa3"],
+                         capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode != 0 and "needs sgl-kernel" in run.stderr
+    assert "Traceback" not in run.stderr
 
 
 def test_triton_rejects_bad_shapes(td):
