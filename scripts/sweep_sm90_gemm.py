@@ -42,6 +42,12 @@ def build():
     return ext
 
 
+def weights(N: int, K: int, count: int) -> list[torch.Tensor]:
+    """count random bf16 weights [N, K], scaled like a trained layer's (outputs ~ unit)."""
+    return [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+            for _ in range(count)]
+
+
 def sm90(ext, x, w, bias=None, mode=BF16, splits=1, tile=256) -> torch.Tensor:
     M, N = x.shape[0], w.shape[0]
     shape = {BF16: (M, N), PARTIALS: (splits, M, N), SILU_GATE_UP: (M, N // 2)}[mode]
@@ -57,7 +63,7 @@ def check(ext, M: int) -> None:
     dev = torch.device("cuda")
     for N, K in ((QKV, HIDDEN), (HIDDEN, INTER), (2 * INTER, HIDDEN)):
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-        w = torch.randn(N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5
+        w, = weights(N, K, 1)
         b = torch.randn(N, device=dev, dtype=torch.bfloat16)
         for tile in (128, 256):
             if N == 2 * INTER:
@@ -75,8 +81,6 @@ def check(ext, M: int) -> None:
 
 def sweep(ext, M: int) -> None:
     dev = torch.device("cuda")
-    weights = lambda N, K: [torch.randn(N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5  # noqa: E731
-                            for _ in range(LAYERS)]
     x = torch.randn(M, HIDDEN, device=dev, dtype=torch.bfloat16)
     act = torch.randn(M, INTER, device=dev, dtype=torch.bfloat16)
     res = torch.randn(M, HIDDEN, device=dev, dtype=torch.bfloat16)
@@ -84,25 +88,25 @@ def sweep(ext, M: int) -> None:
     norm = lambda y: ops.add_rms_norm(y, res, nw, 1e-6)  # noqa: E731
     each = lambda f, ws: (lambda: [f(w) for w in ws])  # noqa: E731
     rows = []
-    ws = weights(QKV, HIDDEN)
+    ws = weights(QKV, HIDDEN, LAYERS)
     bias = torch.randn(QKV, device=dev, dtype=torch.bfloat16)
     rows.append(("q/k/v", "cuBLAS", graph_us(each(lambda w: F.linear(x, w, bias), ws))))
     for tile in (128, 256):
         rows.append(("q/k/v", f"sm90 tile {tile}",
                      graph_us(each(lambda w: sm90(ext, x, w, bias, BF16, 1, tile), ws))))
-    ws = weights(HIDDEN, HIDDEN)
+    ws = weights(HIDDEN, HIDDEN, LAYERS)
     rows.append(("o + norm", "cuBLAS", graph_us(each(lambda w: norm(F.linear(x, w)), ws))))
     for splits, tile in ((4, 128), (8, 256)):
         rows.append(("o + norm", f"sm90 {splits} splits, tile {tile}", graph_us(
             each(lambda w: norm(sm90(ext, x, w, None, PARTIALS, splits, tile)), ws))))
-    ws = weights(HIDDEN, INTER)
+    ws = weights(HIDDEN, INTER, LAYERS)
     parts = ops.split_k_parts(M, HIDDEN, INTER, ops.num_sms(dev))
     rows.append(("down + norm", f"cuBLAS bmm, {parts} parts (engine)",
                  graph_us(each(lambda w: norm(ops.split_k_linear(act, w, parts)), ws))))
     for splits, tile in ((4, 128), (8, 256)):
         rows.append(("down + norm", f"sm90 {splits} splits, tile {tile}", graph_us(
             each(lambda w: norm(sm90(ext, act, w, None, PARTIALS, splits, tile)), ws))))
-    ws = weights(2 * INTER, HIDDEN)
+    ws = weights(2 * INTER, HIDDEN, LAYERS)
     rows.append(("gate/up + SiLU x up", "cuBLAS + Triton SiLU x up (engine)",
                  graph_us(each(lambda w: ops.silu_mul(F.linear(x, w)), ws))))
     for tile in (128, 256):
@@ -121,7 +125,7 @@ def wave_cost(ext) -> None:
         N = 128 * ops.num_sms(dev)
         for K in (64, 512, 1024, 2048, 4096, 8192):
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-            ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5 for _ in range(4)]
+            ws = weights(N, K, 4)
             cublas = graph_us(lambda: [F.linear(x, ws[i % 4]) for i in range(LAYERS)])
             ours = graph_us(lambda: [sm90(ext, x, ws[i % 4], None, BF16, 1, tile)
                                      for i in range(LAYERS)])
