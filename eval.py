@@ -17,13 +17,13 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from minisparse.benchmarks import BenchmarkError, load_benchmarks, parse_benchmark_names
-from minisparse.config import (
+from minisparse.data.benchmarks import BenchmarkError, load_benchmarks, parse_benchmark_names
+from minisparse.config.schema import (
     Algorithm, Backend, Config, ConfigError, DivideMethod, Dtype, EvalConfig, GroupPooling, Pooling,
     PromptTemplate, Selection, choices,
 )
-from minisparse.config_cli import add_config_args
-from minisparse.config_load import dump_config, load_config
+from minisparse.config.cli import add_config_args
+from minisparse.config.load import dump_config, load_config
 
 # flag dest -> config key; a flag given on the command line becomes a KEY=VALUE override.
 RUN_FLAGS = {
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     problems = load_benchmarks(eval_cfg.benchmarks, eval_cfg.data_dir, eval_cfg.limit)
     from minisparse.engine import check_backend, make_backend
     from minisparse.evaluation import check_prompt_template, evaluate, format_table
-    from minisparse.models import load_policy
+    from minisparse.models.loading import load_policy
 
     check_backend(cfg)
     device = _device(args.device)

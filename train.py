@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from minisparse.benchmarks import BenchmarkError, load_benchmarks
-from minisparse.config import Config, ConfigError
-from minisparse.config_cli import add_config_args, config_from_args
-from minisparse.config_load import config_to_dict
-from minisparse.data import DataError, PromptRow, PromptSampler, load_prompts, require_data_file
+from minisparse.data.benchmarks import BenchmarkError, load_benchmarks
+from minisparse.config.schema import Config, ConfigError
+from minisparse.config.cli import add_config_args, config_from_args
+from minisparse.config.load import config_to_dict
+from minisparse.data.datasets import DataError, PromptRow, PromptSampler, load_prompts, require_data_file
 from minisparse.engine import RolloutBackend, check_backend, make_backend
 from minisparse.evaluation import Shard, check_prompt_template, evaluate, flat_metrics
 from minisparse.grpo import distributed as dist
@@ -71,7 +71,7 @@ from minisparse.grpo.rollout import (
     score_batch,
 )
 from minisparse.grpo.update import train_on_rollout
-from minisparse.models import load_policy
+from minisparse.models.loading import load_policy
 
 
 @dataclass

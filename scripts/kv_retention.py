@@ -18,12 +18,12 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from minisparse.benchmarks import load_benchmark  # noqa: E402
-from minisparse.config import load_config  # noqa: E402
+from minisparse.data.benchmarks import load_benchmark  # noqa: E402
+from minisparse.config.load import load_config  # noqa: E402
 from minisparse.engine import SamplingParams, engine as engine_mod  # noqa: E402
 from minisparse.engine.engine import LLMEngine  # noqa: E402
 from minisparse.evaluation import prompt_token_ids  # noqa: E402
-from minisparse.models import load_policy  # noqa: E402
+from minisparse.models.loading import load_policy  # noqa: E402
 
 
 class Positions:

@@ -17,7 +17,7 @@ def _minisparse_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_path(_minisparse_cache: Path) -> Path:
-    from minisparse.tiny import build_tiny
+    from minisparse.models.tiny import build_tiny
 
     return build_tiny()
 

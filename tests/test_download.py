@@ -3,9 +3,9 @@ import json
 import pytest
 
 from minisparse import download
-from minisparse.config import DataConfig
-from minisparse.data import load_prompts
-from minisparse.tiny import build_tokenizer
+from minisparse.config.schema import DataConfig
+from minisparse.data.datasets import load_prompts
+from minisparse.models.tiny import build_tokenizer
 
 ROWS = [
     {"question": "What is $3 + 4$?", "gt_answer": "7", "level": 3},
@@ -48,8 +48,8 @@ def test_paper_config_reads_what_the_download_command_writes(tmp_path, monkeypat
     and that path, missing, names this very command."""
     import pandas as pd
 
-    from minisparse.config_load import load_config
-    from minisparse.data import DataError, require_data_file
+    from minisparse.config.load import load_config
+    from minisparse.data.datasets import DataError, require_data_file
 
     path = load_config(config).data.path
     monkeypatch.chdir(tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from minisparse.benchmarks import PAPER_BENCHMARKS
+from minisparse.data.benchmarks import PAPER_BENCHMARKS
 from minisparse.evaluation import protocol_for
 
 _spec = importlib.util.spec_from_file_location(

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from minisparse.benchmarks import Problem
+from minisparse.data.benchmarks import Problem
 from minisparse.evaluation import (
     ResultsMismatchError,
     evaluate,
@@ -22,7 +22,7 @@ from minisparse.evaluation import (
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from minisparse.tiny import build_tokenizer
+    from minisparse.models.tiny import build_tokenizer
 
     return build_tokenizer()
 
@@ -202,9 +202,9 @@ def test_shard_bounds_cover_every_item_once():
 def _eval_engine(tiny_path):
     import torch
 
-    from minisparse.config import EngineConfig
+    from minisparse.config.schema import EngineConfig
     from minisparse.engine import LLMEngine
-    from minisparse.models import load_policy
+    from minisparse.models.loading import load_policy
 
     model, tok = load_policy(str(tiny_path), "float32", "cpu")
     torch.manual_seed(0)
@@ -275,8 +275,8 @@ def test_two_gloo_ranks_score_like_one_process(tiny_path, tmp_path):
 def test_user_prompt_is_the_synthetic_training_row(tokenizer):
     """--prompt-template user renders a question exactly as a data.path=synthetic row
     with apply_chat_template reaches the model during training."""
-    from minisparse.config import DataConfig
-    from minisparse.data import load_prompts
+    from minisparse.config.schema import DataConfig
+    from minisparse.data.datasets import load_prompts
 
     row = load_prompts(DataConfig(path="synthetic", synthetic_size=1,
                                   apply_chat_template=True), tokenizer)[0]

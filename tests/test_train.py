@@ -290,7 +290,7 @@ def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
 
 
 def test_batch_sizes_must_split_over_ranks():
-    from minisparse.config import Config, ConfigError
+    from minisparse.config.schema import Config, ConfigError
     from train import check_world
 
     check_world(Config(rollout_batch_size=8, global_batch_size=16), 4)

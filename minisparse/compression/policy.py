@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.config import Algorithm, CompressConfig, GroupPooling, Pooling, Selection, choices
+from minisparse.config.schema import Algorithm, CompressConfig, GroupPooling, Pooling, Selection, choices
 
 from .scoring import attention_importance, position_mask, redundancy, uses_triton
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.config import CompressConfig, DivideMethod, choices
+from minisparse.config.schema import CompressConfig, DivideMethod, choices
 
 DIVIDE_METHODS = choices(DivideMethod)
 

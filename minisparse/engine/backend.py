@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from minisparse.config import Config, ConfigError
+from minisparse.config.schema import Config, ConfigError
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.sequence import GenerateStats, SampleOutput
 

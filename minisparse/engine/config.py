@@ -1,10 +1,10 @@
 """Per-call sampling settings (SamplingParams). The engine's own settings are the run
-config's sections (minisparse.config.EngineConfig and CompressConfig)."""
+config's sections (minisparse.config.schema.EngineConfig and CompressConfig)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minisparse.config import Config, EvalConfig
+from minisparse.config.schema import Config, EvalConfig
 
 
 @dataclass

@@ -14,7 +14,7 @@ from torch import nn
 from minisparse.compression import build_policy, compress_due, max_cache_tokens, newline_token_ids
 from minisparse.engine.page_allocator import PageAllocator
 from minisparse.engine.compaction import compact
-from minisparse.config import CompressConfig, EngineConfig
+from minisparse.config.schema import CompressConfig, EngineConfig
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.kv_pool import KVPool
 from minisparse.engine.layers.sampler import seed_for

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.config import EngineConfig
+from minisparse.config.schema import EngineConfig
 from minisparse.engine.models import CausalLM
 
 _GIB = 1 << 30

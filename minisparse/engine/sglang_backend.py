@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from minisparse.config import CompressConfig, ConfigError, EngineConfig
-from minisparse.engine.bound import head_dim, kv_bytes_per_token
+from minisparse.config.schema import CompressConfig, ConfigError, EngineConfig
+from minisparse.engine.bench.bound import head_dim, kv_bytes_per_token
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for

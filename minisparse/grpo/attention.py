@@ -23,7 +23,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from minisparse.config import Attention, choices
+from minisparse.config.schema import Attention, choices
 
 NAME = "minisparse_varlen"
 

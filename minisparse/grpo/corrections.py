@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minisparse.config import LossConfig
+from minisparse.config.schema import LossConfig
 from minisparse.grpo.distributed import all_reduce
 from minisparse.grpo.metric import Max, Sum
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.config import LossConfig
+from minisparse.config.schema import LossConfig
 
 
 def ppo_clip_loss(

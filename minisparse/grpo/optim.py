@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from minisparse.config import Config
+from minisparse.config.schema import Config
 
 
 def lr_factor(step: int, cfg: Config, total_steps: int) -> float:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minisparse.config import Config
+from minisparse.config.schema import Config
 from minisparse.engine.config import SamplingParams
 from minisparse.grpo.metric import Max
 
@@ -96,9 +96,9 @@ def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dic
 
 
 def score_batch(batch: RolloutBatch, tokenizer) -> dict:
-    """Decode responses and grade them with minisparse.reward; fills batch.rewards and
+    """Decode responses and grade them with minisparse.data.reward; fills batch.rewards and
     returns the grader's stats (accuracy, timeouts, no_answer, grade_s)."""
-    from minisparse.reward import grade_batch
+    from minisparse.data.reward import grade_batch
 
     texts = tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
     grades, stats = grade_batch(texts, batch.labels)

@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import torch
 
-from minisparse.config import Config
+from minisparse.config.schema import Config
 from minisparse.grpo.batching import equalize_across_ranks, pack_by_tokens, split_steps
 from minisparse.grpo.distributed import all_reduce, world_size
 from minisparse.grpo.logprobs import response_logprobs

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minisparse.compression import RKV, SnapKV, build_policy
-from minisparse.config import CompressConfig
+from minisparse.config.schema import CompressConfig
 
 from . import reference
 from .helpers import make_inputs, make_policy

@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from minisparse.compression import compress_due, max_cache_tokens, newline_token_ids
-from minisparse.config import CompressConfig
+from minisparse.config.schema import CompressConfig
 
 
 def simulate(cfg: CompressConfig, prompt_lens: torch.Tensor, steps: int,

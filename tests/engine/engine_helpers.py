@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 import minisparse.engine.engine as engine_mod
 import minisparse.engine.models as models_mod
-from minisparse.config import CompressConfig, EngineConfig
+from minisparse.config.schema import CompressConfig, EngineConfig
 from minisparse.engine import LLMEngine
 
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

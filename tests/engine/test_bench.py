@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from minisparse.engine.bench import main, median_run, parse_args, run, warmup_tokens
+from minisparse.engine.bench.run import main, median_run, parse_args, run, warmup_tokens
 
 
 def test_median_run_picks_the_middle_tokens_per_s():
@@ -45,7 +45,7 @@ def test_warmup_runs_two_compression_events_per_sequence(tiny_path, prompt_len):
     kernels (one event short of that cost ~1.1 s in every first timed run on an H200)."""
     import dataclasses
 
-    from minisparse.engine.bench import build
+    from minisparse.engine.bench.run import build
 
     args = parse_args(["--model", str(tiny_path), "--device", "cpu", "--batch", "3",
                        "--prompt-len", str(prompt_len), "--compress", "rkv", "--budget",
@@ -65,7 +65,7 @@ def test_old_flag_spellings_stay_aliases():
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang installed")
 @pytest.mark.parametrize("backend", ["sglang", "both"])
 def test_missing_sglang_exits_2_before_loading_a_model(backend, capsys, monkeypatch):
-    import minisparse.engine.bench as bench
+    import minisparse.engine.bench.run as bench
 
     monkeypatch.setattr(bench, "build", lambda *a, **k: pytest.fail("loaded a model"))
     with pytest.raises(SystemExit) as exit_info:

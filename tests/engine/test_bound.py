@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from engine_helpers import build, make_engine, prompts
-from minisparse.config import CompressConfig
+from minisparse.config.schema import CompressConfig
 from minisparse.engine import SamplingParams
-from minisparse.engine.bench import parse_args, run
-from minisparse.engine.bound import (decode_bound, decode_roofline, kv_bytes_per_token,
+from minisparse.engine.bench.run import parse_args, run
+from minisparse.engine.bench.bound import (decode_bound, decode_roofline, kv_bytes_per_token,
                                      weight_bytes_per_step)
 from minisparse.engine.sequence import GenerateStats
 
@@ -117,7 +117,7 @@ def test_bench_json_has_bound_fields(tmp_path, tiny_path):
 def test_fused_weight_copy_is_paid_from_the_pool_budget(monkeypatch):
     """fraction * (free + copy) - copy: with the copy made first, the engine's total stays
     fraction * (free before the copy), as it was without fused weights."""
-    from minisparse.config import EngineConfig
+    from minisparse.config.schema import EngineConfig
     from minisparse.engine.kv_pool import pool_bytes
 
     gib = 1 << 30

@@ -8,7 +8,7 @@ import torch
 
 from engine_helpers import make_engine, prompts, track
 from minisparse.compression import compress_due, max_cache_tokens
-from minisparse.config import CompressConfig
+from minisparse.config.schema import CompressConfig
 from minisparse.engine import SamplingParams
 
 CFG = CompressConfig(algorithm="rkv", budget=16, window=4, divide_length=8, kernel_size=3)
@@ -86,9 +86,9 @@ def test_newline_trigger_fires_on_generated_newlines():
 
     from engine_helpers import SHAPE
     from minisparse.compression import newline_token_ids
-    from minisparse.config import EngineConfig
+    from minisparse.config.schema import EngineConfig
     from minisparse.engine import LLMEngine
-    from minisparse.tiny import build_tokenizer
+    from minisparse.models.tiny import build_tokenizer
 
     tok = build_tokenizer(vocab_size=512)
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ import torch
 
 from engine_helpers import make_engine, prompts
 from minisparse.compression import max_cache_tokens
-from minisparse.config import CompressConfig
+from minisparse.config.schema import CompressConfig
 from minisparse.engine import SamplingParams
 from minisparse.engine.cuda_graph import DecodeGraphs, batch_buckets
 

@@ -90,7 +90,7 @@ def test_sleep_wake_and_update_weights(qwen2):
 
 
 def test_engine_from_config_sections_and_backend_protocol(qwen2):
-    from minisparse.config import Config
+    from minisparse.config.schema import Config
     from minisparse.engine import LLMEngine, RolloutBackend, make_backend
 
     cfg = Config()

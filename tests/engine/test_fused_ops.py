@@ -155,7 +155,7 @@ def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused
     CUDA), else RoPE + cache write, then the PyTorch decode attention (as on CPU).
     split_down: the down projection runs as split_k_linear's partials (the tiny model's
     is too shallow to be split under the GPU's rule, so the rule's depth is lowered)."""
-    from minisparse.config import CompressConfig
+    from minisparse.config.schema import CompressConfig
 
     ps = prompts(2, lo=4, hi=12)
     params = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)

@@ -1,6 +1,6 @@
 """GPU checks in bf16 (skipped without CUDA): `python -m pytest tests/engine/test_gpu.py -q`.
 
-Models: the tiny Qwen2 from minisparse.tiny, a 4-layer copy of the qwen2.5-3b shape (real
+Models: the tiny Qwen2 from minisparse.models.tiny, a 4-layer copy of the qwen2.5-3b shape (real
 widths, head_dim 128, GQA 16/2) and the tiny llama3-rope Llama. In bf16, near-tied logits
 make exact token equality with transformers fragile, so tokens are checked against a
 teacher-forced transformers forward instead: each log-prob within bf16 tolerance, and each
@@ -15,7 +15,7 @@ import torch
 
 from engine_helpers import build, dense_logprobs, make_engine, prompts, track
 from minisparse.compression import max_cache_tokens
-from minisparse.config import CompressConfig
+from minisparse.config.schema import CompressConfig
 from minisparse.engine import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -26,7 +26,7 @@ LP_MEAN, LP_MAX, ARGMAX_SLACK = 0.03, 0.3, 0.1
 def three_b_4_layers() -> torch.nn.Module:
     from transformers import Qwen2ForCausalLM
 
-    from minisparse.models import shape_config
+    from minisparse.models.loading import shape_config
 
     cfg = shape_config("qwen2.5-3b", num_hidden_layers=4)
     torch.manual_seed(0)
@@ -37,7 +37,7 @@ def three_b_4_layers() -> torch.nn.Module:
 
 
 def tiny() -> torch.nn.Module:
-    from minisparse.models import load_policy
+    from minisparse.models.loading import load_policy
 
     model, _ = load_policy("tiny", "bfloat16", "cuda")
     model.generation_config.eos_token_id = None
@@ -211,7 +211,7 @@ def test_sleep_releases_pool_memory(gpu_model):
 
 
 def test_fraction_sized_pool_and_bench(tmp_path):
-    from minisparse.engine.bench import parse_args, run
+    from minisparse.engine.bench.run import parse_args, run
 
     path = tmp_path / "bench.json"
     result = run(parse_args(["--model", "tiny", "--device", "cuda", "--batch", "16",

@@ -32,12 +32,12 @@ NEW, PROMPTS, ARGMAX_SLACK = 128, 16, 0.25
 
 
 def test_engine_greedy_equals_transformers_generate():
-    from minisparse.benchmarks import load_benchmark
-    from minisparse.config import EngineConfig
+    from minisparse.data.benchmarks import load_benchmark
+    from minisparse.config.schema import EngineConfig
     from minisparse.engine import SamplingParams
     from minisparse.engine.engine import LLMEngine
     from minisparse.evaluation import prompt_token_ids
-    from minisparse.models import load_policy
+    from minisparse.models.loading import load_policy
 
     model, tok = load_policy(str(MODEL), "bfloat16", "cuda")
     model.eval()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine_helpers import dense_logprobs, prompts
-from minisparse.config import EngineConfig
+from minisparse.config.schema import EngineConfig
 from minisparse.engine import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine_helpers import make_engine, prompts
-from minisparse.config import CompressConfig
+from minisparse.config.schema import CompressConfig
 from minisparse.engine import SamplingParams
 from test_preemption import PAGE_BYTES
 

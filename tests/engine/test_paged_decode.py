@@ -178,7 +178,7 @@ def test_fa3_comparison_names_what_is_missing():
     line says it before any timing, without a traceback)."""
     import importlib.util
 
-    from minisparse.engine.bench_decode import fa3_decode
+    from minisparse.engine.bench.decode import fa3_decode
 
     if importlib.util.find_spec("sgl_kernel") is not None:
         pytest.skip("sgl-kernel is installed here")
@@ -188,7 +188,7 @@ def test_fa3_comparison_names_what_is_missing():
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "minisparse.engine.bench_decode", "--fa3"],
+    run = subprocess.run([sys.executable, "-m", "minisparse.engine.bench.decode", "--fa3"],
                          capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[2])
     assert run.returncode != 0 and "needs sgl-kernel" in run.stderr
@@ -202,37 +202,3 @@ def test_triton_rejects_bad_shapes(td):
                                              c.v_cache[..., :48], *c.args()[3:])
     with pytest.raises(ValueError, match="block_n"):
         td.paged_decode_attention(*c.args(), block_n=24)
-
-
-def test_pipeline_stages_double_buffer_only_where_the_sequence_is_split():
-    """pipeline_stages' reason, checked on the kernel as compiled for an H100/H200 (sm_90a,
-    with Triton's bundled ptxas: no GPU; scripts/kernel_resources.py): at the engine's
-    tiling the single-split launch keeps one K and one V buffer and fits 4 programs per SM
-    (a 256-sequence grid in one wave); a split launch gets two of each. A fresh process:
-    the interpreter switch of the tests above is process-wide."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    script = Path(__file__).resolve().parents[2] / "scripts" / "kernel_resources.py"
-    code = (
-        "import json, os, sys\n"
-        f"sys.path.insert(0, {str(script.parent)!r})\n"
-        "import kernel_resources as kr\n"
-        "os.path.exists(kr.ptxas()) or sys.exit(3)\n"
-        "from minisparse.engine.layers.triton_decode import pipeline_stages as ps\n"
-        "rows = [kr.decode_attention(64, 4, ps(s), splits=s) for s in (1, 4)]\n"
-        "print(json.dumps([[r.buffers, r.spill_bytes, r.programs_per_sm] for r in rows]))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=script.parents[1], timeout=300)
-    if run.returncode == 3:
-        pytest.skip("this Triton install has no ptxas")
-    assert run.returncode == 0, run.stderr[-2000:]
-    (single, single_spill, single_fit), (split, split_spill, _) = json.loads(
-        run.stdout.strip().splitlines()[-1])
-    assert sorted(b for b in single if b.endswith("x128")) == ["1x64x128", "1x64x128"]
-    assert sorted(b for b in split if b.endswith("x128")) == ["2x64x128", "2x64x128"]
-    assert single_spill == split_spill == 0
-    assert single_fit >= 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine_helpers import make_engine, prompts
-from minisparse.config import CompressConfig
+from minisparse.config.schema import CompressConfig
 from minisparse.engine import SamplingParams
 
 PAGE_BYTES = 2 * 2 * 4 * 2 * 16 * 4  # K+V, 2 layers, page_size 4, 2 KV heads, D 16, fp32

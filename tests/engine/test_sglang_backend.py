@@ -14,19 +14,19 @@ import torch
 from transformers import AutoConfig
 
 import fake_sglang
-from minisparse.config import ConfigError
-from minisparse.config_load import load_config
-from minisparse.config import EngineConfig
+from minisparse.config.schema import ConfigError
+from minisparse.config.load import load_config
+from minisparse.config.schema import EngineConfig
 from minisparse.engine import (LLMEngine, RolloutBackend, SamplingParams, check_backend,
                                make_backend)
-from minisparse.engine import bench
+from minisparse.engine.bench import run as bench
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for
 from minisparse.engine.sglang_backend import (
     SGLangBackend, attention_backend, kv_bytes_per_token, memory_fraction, parse_output, request_params,
     weight_buckets,
 )
-from minisparse.models import load_policy, shape_config
+from minisparse.models.loading import load_policy, shape_config
 
 GIB = 2**30
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,7 +148,7 @@ def test_a_missing_sglang_fails_before_any_model_is_loaded(monkeypatch, capsys, 
     spec = importlib.util.spec_from_file_location("eval_cli", ROOT / "eval.py")
     eval_cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(eval_cli)
-    monkeypatch.setattr("minisparse.models.load_policy", lambda *a: pytest.fail("model loaded"))
+    monkeypatch.setattr("minisparse.models.loading.load_policy", lambda *a: pytest.fail("model loaded"))
     code = eval_cli.main(["--model", "tiny", "--backend", "sglang", "--benchmarks", "arithmetic",
                           "--limit", "2", "--output", str(tmp_path / "r")])
     assert code == 2 and "needs SGLang" in capsys.readouterr().err

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from minisparse.config import LossConfig
+from minisparse.config.schema import LossConfig
 from minisparse.grpo.corrections import (
     bound_weights,
     compute_corrections,

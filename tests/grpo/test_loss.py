@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from minisparse.config import LossConfig
+from minisparse.config.schema import LossConfig
 from minisparse.grpo.loss import aggregate, grpo_loss, kl_penalty, ppo_clip_loss, step_denominator
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from minisparse.config import Config
+from minisparse.config.schema import Config
 from minisparse.grpo.optim import deepspeed_config, lr_factor, param_groups
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from grpo_models import tiny_qwen2
 
-from minisparse.config import Config
+from minisparse.config.schema import Config
 from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.rollout import RolloutBatch
 from minisparse.grpo.update import train_on_rollout

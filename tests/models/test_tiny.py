@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from minisparse.models import SHAPES, build_shape_model, load_policy, shape_config
-from minisparse.tiny import build_tiny, build_tokenizer
+from minisparse.models.loading import SHAPES, build_shape_model, load_policy, shape_config
+from minisparse.models.tiny import build_tiny, build_tokenizer
 
 
 def test_tiny_loads_offline_with_qwen_specials(tiny_path):

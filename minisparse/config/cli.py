@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from minisparse.config import Config, ConfigError
-from minisparse.config_load import dump_config, load_config
+from minisparse.config.schema import Config, ConfigError
+from minisparse.config.load import dump_config, load_config
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from minisparse.config import Dtype, choices
+from minisparse.config.schema import Dtype, choices
 
 _QWEN_COMMON = dict(
     vocab_size=151936,
@@ -109,7 +109,7 @@ def load_policy(path: str, dtype: str = "bfloat16", device: Any = "cpu") -> tupl
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from minisparse.tiny import build_tiny, build_tokenizer
+    from minisparse.models.tiny import build_tiny, build_tokenizer
 
     if path in SHAPES:
         model = build_shape_model(path, dtype, device)

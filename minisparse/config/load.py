@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from minisparse.config import Config, ConfigError, Rule
+from minisparse.config.schema import Config, ConfigError, Rule
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 def _hints(cls: type) -> dict[str, Any]:

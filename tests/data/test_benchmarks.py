@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from minisparse.benchmarks import (
+from minisparse.data.benchmarks import (
     PAPER_BENCHMARKS,
     BenchmarkError,
     load_benchmark,
@@ -13,7 +13,7 @@ from minisparse.benchmarks import (
     get_spec,
     parse_benchmark_names,
 )
-from minisparse.reward import last_boxed
+from minisparse.data.reward import last_boxed
 
 # One made-up row per benchmark, in the layout of its real test.jsonl.
 ROWS = {
@@ -158,7 +158,7 @@ def test_real_files_read_completely():
 
 
 def test_arithmetic_is_generated_held_out_and_needs_no_file(tmp_path):
-    from minisparse.synthetic import synthetic_rows, user_prompt
+    from minisparse.data.synthetic import synthetic_rows, user_prompt
 
     problems = load_benchmarks(["arithmetic"], tmp_path / "nowhere")["arithmetic"]
     assert len(problems) == get_spec("arithmetic").size == 500

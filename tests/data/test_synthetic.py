@@ -2,8 +2,8 @@ import re
 
 import pytest
 
-from minisparse.reward import math_reward
-from minisparse.synthetic import synthetic_rows
+from minisparse.data.reward import math_reward
+from minisparse.data.synthetic import synthetic_rows
 
 
 def test_deterministic_and_seed_dependent():
@@ -34,7 +34,7 @@ def test_labels_are_the_true_results_and_graded_by_math_reward():
 def test_held_out_split_is_disjoint_from_training_by_construction():
     import random
 
-    from minisparse.synthetic import HELD_OUT_EVERY, _problem, split_of, synthetic_problems
+    from minisparse.data.synthetic import HELD_OUT_EVERY, _problem, split_of, synthetic_problems
 
     train = {q for q, _ in synthetic_problems(3000, seed=0)}
     train |= {q for q, _ in synthetic_problems(3000, seed=7)}

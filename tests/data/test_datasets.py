@@ -3,10 +3,10 @@ import logging
 
 import pytest
 
-from minisparse.config import DataConfig
-from minisparse.data import DataError, PromptSampler, load_prompts
-from minisparse.synthetic import synthetic_rows
-from minisparse.tiny import build_tokenizer
+from minisparse.config.schema import DataConfig
+from minisparse.data.datasets import DataError, PromptSampler, load_prompts
+from minisparse.data.synthetic import synthetic_rows
+from minisparse.models.tiny import build_tokenizer
 
 QWEN_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
                "Find $x$ if $2x + 3 = 11$.<|im_end|>\n<|im_start|>assistant\n")

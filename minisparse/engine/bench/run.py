@@ -20,9 +20,9 @@ import time
 import torch
 
 from minisparse.compression import max_cache_tokens
-from minisparse.config import Algorithm, Backend, CompressConfig, Dtype, EngineConfig, choices
+from minisparse.config.schema import Algorithm, Backend, CompressConfig, Dtype, EngineConfig, choices
 from minisparse.engine import GenerateStats, LLMEngine, SamplingParams
-from minisparse.engine.bound import (copy_bandwidth, decode_bound, decode_roofline,
+from minisparse.engine.bench.bound import (copy_bandwidth, decode_bound, decode_roofline,
                                      kv_bytes_per_token, matmul_throughput,
                                      weight_bytes_per_step)
 
@@ -83,7 +83,7 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
 
 def build(args: argparse.Namespace, backend: str = "native"):
     """(engine, prompts, params, dtype) for the bench workload described by args."""
-    from minisparse.models import load_policy
+    from minisparse.models.loading import load_policy
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     model, tokenizer = load_policy(args.model, dtype, args.device)

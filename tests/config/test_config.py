@@ -3,9 +3,9 @@ import dataclasses
 
 import pytest
 
-from minisparse.config import Config, ConfigError
-from minisparse.config_cli import add_config_args, config_from_args
-from minisparse.config_load import (
+from minisparse.config.schema import Config, ConfigError
+from minisparse.config.cli import add_config_args, config_from_args
+from minisparse.config.load import (
     CONFIGS_DIR, config_to_dict, dump_config, load_config, resolve_config_path,
 )
 
@@ -76,7 +76,7 @@ def test_smollm2_configs_differ_only_in_compression():
     """The ablation's runs share everything but the rollout's KV cache; the model path is
     where `python -m minisparse.download --model smollm2-135m-instruct --out checkpoints/`
     writes it, and the compressed budget holds the ~60-token prompt."""
-    from minisparse.gguf_model import MODELS
+    from minisparse.models.gguf import MODELS
 
     dense, rkv, snap = (config_to_dict(load_config(f"smollm2_{v}"))
                         for v in ("dense", "rkv", "snapkv"))
@@ -192,14 +192,3 @@ def test_cli_helpers(capsys):
         config_from_args(_parse(["--set", "compress.budgett=1"]))
     assert info.value.code == 2
     assert capsys.readouterr().err.startswith("config error: unknown config key")
-
-
-def test_moved_names_stay_importable_from_config():
-    import minisparse.config as schema
-    from minisparse import config_cli, config_load
-
-    assert schema.load_config is config_load.load_config
-    assert schema.config_from_args is config_cli.config_from_args
-    assert schema.ENUMS["compress.divide_method"] == ("step_length", "newline")
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        schema.nothing  # noqa: B018

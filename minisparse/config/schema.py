@@ -4,7 +4,7 @@ module share, so a key means the same thing in train.py, eval.py and the engine.
 Top-level keys are the slime-style run settings (num_rollout, rollout_batch_size, ...);
 sections group what belongs to one component (model, data, compress, engine, optim, loss,
 eval, log). Each field's type carries its allowed values (Literal) or range (Rule);
-config_load.py reads, overrides and validates a Config, config_cli.py adds the CLI flags.
+load.py beside this reads, overrides and validates a Config; cli.py adds the CLI flags.
 """
 from __future__ import annotations
 
@@ -223,21 +223,3 @@ class Config:
 
 class ConfigError(ValueError):
     """A bad config: raised before any model or data is touched, naming the key."""
-
-
-# Loading, overrides, validation and the CLI flags live beside this module (config_load,
-# config_cli); their names stay importable from here.
-_MOVED = {
-    "CONFIGS_DIR": "config_load", "ENUMS": "config_load", "choice_keys": "config_load",
-    "config_to_dict": "config_load", "dump_config": "config_load", "load_config": "config_load",
-    "resolve_config_path": "config_load", "validate_config": "config_load",
-    "add_config_args": "config_cli", "config_from_args": "config_cli",
-}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(f"minisparse.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

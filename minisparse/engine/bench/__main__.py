@@ -1,0 +1,4 @@
+"""`python -m minisparse.engine.bench`: see minisparse/engine/bench/run.py."""
+from minisparse.engine.bench.run import main
+
+main()
