@@ -71,6 +71,7 @@ from minisparse.grpo.rollout import (
     score_batch,
 )
 from minisparse.grpo.update import train_on_rollout
+from minisparse.models.liger import use_liger_kernel
 from minisparse.models.loading import load_policy
 
 
@@ -139,7 +140,10 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     policy, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     if eval_problems is not None:
         check_prompt_template(tokenizer, cfg.eval.prompt_template)
-    use_attention(policy, cfg.model.attention)  # the reference copy inherits it
+    use_attention(policy, cfg.model.attention)  # the reference copy inherits these
+    kernels = use_liger_kernel(policy, cfg.model.liger_kernel, device.type == "cuda")
+    if dist.rank() == 0:
+        print(f"training passes: {cfg.model.attention} attention, {kernels}", flush=True)
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     ref_model = None

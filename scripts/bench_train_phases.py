@@ -36,6 +36,7 @@ from minisparse.grpo.logprobs import batch_logprobs  # noqa: E402
 from minisparse.grpo.memory import phase  # noqa: E402
 from minisparse.grpo.optim import TrainingStateOffload, build_train_engine  # noqa: E402
 from minisparse.grpo.rollout import RolloutBatch  # noqa: E402
+from minisparse.models.liger import use_liger_kernel  # noqa: E402
 from minisparse.models.loading import load_policy  # noqa: E402
 
 # name: (attention, logprob_chunk, max_tokens_per_gpu, gradient_checkpointing)
@@ -114,6 +115,8 @@ def run_variant(run: train.Run, batch: RolloutBatch, name: str) -> dict:
 def build(cfg) -> train.Run:
     device = dist.init_distributed()
     policy, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
+    print("training passes:", use_liger_kernel(policy, cfg.model.liger_kernel,
+                                               device.type == "cuda"), flush=True)
     ref = None
     if cfg.loss.kl_coef > 0:
         ref = copy.deepcopy(policy).to("cpu").eval().requires_grad_(False)
@@ -134,6 +137,9 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--compare-samples", type=int, default=16)
     parser.add_argument("--json", default=None, help="write all metrics here")
+    parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                        help="then profile one log-prob and one update phase of the last "
+                             "variant and print the ROWS kernels that took most GPU time")
     args = parser.parse_args()
     cfg = config_from_args(args)
     names = args.variants.split(",")
@@ -163,6 +169,27 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     print_table(results["runs"])
+    if args.profile:
+        profile_phases(run, batch, names[-1], args.profile)
+
+
+def profile_phases(run: train.Run, batch: RolloutBatch, name: str, rows: int) -> None:
+    """Where each phase's GPU time goes, kernel by kernel (torch profiler), and how much of
+    the phase's wall time the GPU sat idle."""
+    from torch.profiler import ProfilerActivity, profile
+
+    apply_variant(run, name)
+    for label, fn in (("logprobs", train.logprob_phase), ("update", train.update_phase)):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn(run, batch, {})
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        busy = sum(e.time_range.elapsed_us() for e in kernels)
+        wall = max(e.time_range.end for e in prof.events()) - min(
+            e.time_range.start for e in prof.events())
+        print(f"--- {name} {label}: kernels {busy / 1e6:.2f} s of {wall / 1e6:.2f} s wall")
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=60))
 
 
 def print_table(rows: list[dict]) -> None:

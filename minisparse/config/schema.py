@@ -30,6 +30,8 @@ PromptTemplate = Literal["boxed", "chat", "user"]  # user: a synthetic training 
 Resume = Literal["auto", "never"]
 # Training-pass attention over packed rows (grpo/attention.py).
 Attention = Literal["varlen", "sdpa"]
+# Liger Kernel's fused RMSNorm, SwiGLU and RoPE in the training passes (models/liger.py).
+Switch = Literal["auto", "on", "off"]
 
 
 def choices(kind: object) -> tuple[str, ...]:
@@ -67,6 +69,9 @@ class ModelConfig:
     # LM head + log-softmax fused over chunks of this many tokens (grpo/fused_logprobs.py);
     # 0 materialises the [tokens x vocabulary] logits.
     logprob_chunk: NonNegativeInt = 1024
+    # Liger Kernel's fused RMSNorm, SwiGLU and RoPE for the training passes: auto uses them
+    # where liger-kernel is installed and the policy is on a GPU; on fails without them.
+    liger_kernel: Switch = "auto"
 
 
 @dataclass

@@ -1,0 +1,63 @@
+"""Liger Kernel in the training passes: when it applies, and (on a GPU) that the patched
+policy gives the same log-probs and gradients as the plain one."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from minisparse.config.schema import ConfigError
+from minisparse.models import liger
+from minisparse.models.loading import load_policy
+
+
+@pytest.fixture
+def tiny(tiny_path):
+    return load_policy(str(tiny_path), "float32", torch.device("cpu"))[0]
+
+
+def test_off_and_auto_on_cpu_leave_the_model_as_it_was(tiny):
+    forward = tiny.model.norm.forward
+    assert "model.liger_kernel=off" in liger.use_liger_kernel(tiny, "off", on_gpu=True)
+    report = liger.use_liger_kernel(tiny, "auto", on_gpu=False)
+    assert report.startswith("PyTorch") and "auto" in report
+    assert tiny.model.norm.forward == forward
+
+
+def test_on_names_what_is_missing(tiny, monkeypatch):
+    monkeypatch.setattr(liger, "liger_available", lambda: False)
+    with pytest.raises(ConfigError, match="model.liger_kernel=on but liger-kernel is not installed"):
+        liger.use_liger_kernel(tiny, "on", on_gpu=True)
+    monkeypatch.setattr(liger, "liger_available", lambda: True)
+    with pytest.raises(ConfigError, match="not on a GPU"):
+        liger.use_liger_kernel(tiny, "on", on_gpu=False)
+    monkeypatch.setattr(tiny.config, "model_type", "gpt2")
+    with pytest.raises(ConfigError, match="'gpt2' is not one of qwen2, llama"):
+        liger.use_liger_kernel(tiny, "on", on_gpu=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not liger.liger_available(),
+                    reason="needs a GPU and liger-kernel")
+@pytest.mark.parametrize("shape", ["qwen2.5-1.5b", "llama-3.2-1b"])
+def test_patched_policy_matches_plain_on_gpu(shape):
+    from minisparse.grpo.attention import use_attention
+    from minisparse.grpo.logprobs import response_logprobs
+
+    torch.manual_seed(0)
+    plain = load_policy(shape, "bfloat16", torch.device("cuda"))[0]
+    plain.model.layers = plain.model.layers[:4]
+    use_attention(plain, "varlen")
+    fused = copy.deepcopy(plain)
+    assert liger.use_liger_kernel(fused, "on", on_gpu=True).startswith("Liger")
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (30, 17)]
+    responses = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (200, 311)]
+    out = {}
+    for name, model in (("plain", plain), ("fused", fused)):
+        logp, _ = response_logprobs(model, prompts, responses, 311, chunk=256)
+        logp.sum().backward()
+        grad = torch.cat([p.grad.float().flatten() for p in model.model.layers.parameters()])
+        out[name] = (logp.detach().float(), grad)
+    for a, b in zip(out["plain"], out["fused"]):
+        assert ((a - b).norm() / b.norm()).item() < 2e-2
