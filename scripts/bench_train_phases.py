@@ -1,4 +1,4 @@
-"""Log-prob and update phases of train.py, before/after variants, on one process.
+"""Times train.py's log-prob and update phases for several variants, in one process.
 
     python scripts/bench_train_phases.py --config qwen3b_rkv --set model.path=qwen2.5-3b \
         --samples 128 --response-len 1024 --repeats 2

@@ -1,8 +1,9 @@
 #!/bin/bash
-# The paper configs end to end on several GPUs (issue 10's acceptance), in commands that
-# each fit the device machine's 10-minute limit: every call trains CONFIG with a checkpoint
-# after each rollout, until ROLLOUTS are done, STOP_AFTER's checkpoint is complete (then it
-# interrupts the run with SIGINT, as a user's Ctrl-C or a scheduler would), or LIMIT_S.
+# Trains a paper config on several GPUs in time-limited calls, interrupted and resumed.
+#
+# Every call trains CONFIG with a checkpoint after each rollout, until ROLLOUTS are done,
+# STOP_AFTER's checkpoint is complete (then it interrupts the run with SIGINT, as a user's
+# Ctrl-C or a scheduler would), or LIMIT_S seconds (default 560) have passed.
 # The next call with RESUME=1 continues from the newest complete checkpoint (--resume).
 # After each call it prints every rollout's phase times, memory per phase and MFU, and
 # checks that metrics.jsonl has each rollout once, in order, across the calls.
@@ -17,6 +18,7 @@
 # simplelr_qwen_level3to5 --out data/, or a copy carried to the machine) and, with
 # EVAL_EVERY, data/eval/math500/test.jsonl. MODEL: a shape name (random weights) or an HF
 # directory. On the CPU (the script's own check): CONFIG=tiny_rkv MODEL=tiny NPROC=2.
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-qwen3b_rkv}

@@ -1,5 +1,7 @@
 #!/bin/bash
-# The SGLang backend on one GPU, in one command (about 8 minutes on an H200):
+# Checks the SGLang backend on one GPU: a bench against the native engine, then training.
+#
+# In one command (about 8 minutes on an H200):
 #   1. bench: native engine vs SGLang 0.5.16, dense Qwen2.5-3B shape, 256 x 4,096 tokens,
 #      in one process (--backend both) -> tokens/s of each and the native/SGLang ratio
 #   2. train.py with engine.backend=sglang: tiny (2 rollouts) and the qwen3b_dense shape
@@ -13,6 +15,7 @@
 #   STEPS=bench bash scripts/gpu_sglang_check.sh      # only the bench (or STEPS=train;
 #                                                      STEPS=train3b: only the 3B run)
 #   REPEATS=3 bash scripts/gpu_sglang_check.sh        # timed bench repeats per backend
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c "import deepspeed" 2>/dev/null; then

@@ -1,7 +1,9 @@
-"""What a compressed rollout keeps of the prompt: sample held-out arithmetic prompts with
-compression on, follow every (sequence, layer, KV head)'s kept positions through each
-compaction, and report which share of each prompt part (system turn, question,
-instruction) is still cached at the end, and at which response token compression starts.
+"""Reports which share of each prompt part a compressed rollout still caches at the end.
+
+Samples held-out arithmetic prompts with compression on, follows every (sequence, layer,
+KV head)'s kept positions through each compaction, and reports which share of each prompt
+part (system turn, question, instruction) is still cached at the end, and at which
+response token compression starts.
 
     python scripts/kv_retention.py --model checkpoints/smollm2-135m-instruct \
         --config smollm2_rkv --prompts 16 --max-new 300

@@ -1,5 +1,7 @@
-"""Each rollout's phase times and GPU memory per phase from a run's metrics.jsonl, then the
-metrics asked for: the table every GPU check script prints after its training runs.
+"""Prints each rollout's phase times and GPU memory per phase from a run's metrics.jsonl.
+
+Then the metrics asked for (--prefix, --key): the table the GPU check scripts print after
+their training runs.
 
     python3 scripts/phase_table.py RUN/metrics.jsonl [--prefix mismatch/ ...] [--key K ...]
 """

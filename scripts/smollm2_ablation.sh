@@ -1,16 +1,19 @@
 #!/bin/bash
-# The Sparse-RL ablation in miniature (docs/results.md): SmolLM2-135M-Instruct on the
-# generated arithmetic set, four runs AT ONCE on one GPU (135M fits many times), each its
-# own process, MASTER_PORT and output dir: dense; R-KV with every correction off; R-KV
-# with the Sparse-RL corrections; SnapKV with them. Each trains for TRAIN_S seconds at
-# most (or ROLLOUTS rollouts), then its newest checkpoint is scored on the held-out
-# arithmetic benchmark; the dense run's and the base model's also compressed (robustness).
+# Runs the Sparse-RL ablation in miniature: four SmolLM2-135M runs at once on one GPU, scored.
+#
+# SmolLM2-135M-Instruct on the generated arithmetic set (docs/results.md), four runs AT
+# ONCE on one GPU (135M fits many times), each its own process, MASTER_PORT and output
+# dir: dense; R-KV with every correction off; R-KV with the Sparse-RL corrections; SnapKV
+# with them. Each trains for TRAIN_S seconds at most (or ROLLOUTS rollouts), then its
+# newest checkpoint is scored on the held-out arithmetic benchmark; the dense run's and
+# the base model's also compressed (robustness).
 #
 #   bash scripts/smollm2_ablation.sh                 # needs checkpoints/smollm2-135m-instruct
 #   TRAIN_S=1800 ROLLOUTS=60 bash scripts/smollm2_ablation.sh
 #   EVAL=0 ...; then TRAIN=0 ... # train in one command, score in the next (or resume)
 #   PACK=$OUT/ablation.tgz bash scripts/smollm2_ablation.sh   # metrics, logs, evals packed
 #       on any exit, also when a time limit stops it (checkpoints and TensorBoard left out)
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${ROOT:-outputs/ablation}

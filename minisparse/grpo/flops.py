@@ -10,7 +10,7 @@ recomputed logits in the backward) is not counted. Per token of a packed row:
   with L(L+1)/2 pairs in a sequence of L tokens;
 * the update runs forward + backward: 3x the forward (backward = 2x forward).
 
-The issue's shorthand 6·N·T counts every parameter over every token; the count here
+The usual shorthand 6·N·T counts every parameter over every token; the count here
 differs from it by the embedding table and by prompt tokens skipping the LM head (~1%
 on Qwen2.5-3B with 1,000-token responses).
 """
