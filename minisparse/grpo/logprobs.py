@@ -90,6 +90,19 @@ def _can_fuse(lm_head: nn.Module) -> bool:
     return getattr(lm_head, "bias", None) is None and not hasattr(lm_head.weight, "ds_id")
 
 
+def _liger_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Log-probs through Liger Kernel's fused linear cross-entropy: one Triton pass per
+    chunk of logits instead of our float32 copy, max, exp and sum passes. Logits / T
+    equal (hidden / T) @ W.T, so the temperature goes on the hidden states."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    if temperature != 1.0:
+        hidden = hidden / temperature
+    return -liger_fused_linear_cross_entropy(hidden, weight, targets, reduction="none").float()
+
+
 def response_logprobs(
     model: nn.Module,
     prompts: list[list[int]],
@@ -106,13 +119,18 @@ def response_logprobs(
     The model is an HF causal LM (or a DeepSpeed engine's .module); gradients flow when
     autograd is on. Logits are divided by the sampling temperature, as the engine does,
     so dense and sampler log-probs describe the same distribution. chunk > 0 fuses the
-    LM head with the log-softmax over that many tokens at a time.
+    LM head with the log-softmax over that many tokens at a time (through Liger Kernel
+    for a no-grad pass without entropy where the model runs Liger's kernels).
     """
     hidden, input_ids = _packed_hidden(model, [p + r for p, r in zip(prompts, responses)])
     pred, target = _response_positions([len(p) for p in prompts], [len(r) for r in responses])
     if temperature in (0.0, 1.0):  # the engine's greedy log-probs are taken at T=1
         temperature = 1.0
-    if chunk > 0 and _can_fuse(model.lm_head):
+    liger = getattr(model, "liger_kernel", False) and not torch.is_grad_enabled()
+    if liger and entropy == "none" and chunk > 0 and _can_fuse(model.lm_head):
+        logp, ent = _liger_logprobs(
+            hidden[pred], model.lm_head.weight, input_ids[target], temperature), None
+    elif chunk > 0 and _can_fuse(model.lm_head):
         logp, ent = fused_logprobs(
             hidden[pred], model.lm_head.weight, input_ids[target], temperature, chunk,
             with_entropy=entropy != "none",

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from minisparse.config.schema import Config
+from minisparse.grpo.distributed import world_size
 
 
 def lr_factor(step: int, cfg: Config, total_steps: int) -> float:
@@ -48,11 +49,14 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return groups
 
 
-def deepspeed_config(cfg: Config, on_gpu: bool) -> dict[str, Any]:
+def deepspeed_config(cfg: Config, on_gpu: bool, world: int = 1) -> dict[str, Any]:
     zero: dict[str, Any] = {
         "stage": cfg.zero_stage,
         "contiguous_gradients": True,
-        "overlap_comm": on_gpu,
+        # Overlapping gradient reduction with the backward pays only where there is a
+        # reduction (several ranks); DeepSpeed allows it only at stages 2 and 3 when
+        # gradient accumulation is unmanaged, as here.
+        "overlap_comm": on_gpu and world > 1 and cfg.zero_stage >= 2,
     }
     if cfg.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
@@ -90,7 +94,7 @@ def build_train_engine(model: torch.nn.Module, cfg: Config, total_steps: int, de
         model=model,
         optimizer=optimizer,
         lr_scheduler=scheduler,
-        config=deepspeed_config(cfg, on_gpu),
+        config=deepspeed_config(cfg, on_gpu, world_size()),
         dist_init_required=False,
     )
     return engine

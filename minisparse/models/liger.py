@@ -5,8 +5,8 @@ element-wise kernels, each a pass over the activations; on a GPU those passes co
 a log-prob pass and an update about a quarter of their time at the paper's shapes.
 Liger Kernel (a maintained library, Triton) fuses each into one kernel and keeps the
 weights as they are: the patched model still loads, saves and feeds the rollout engine
-the same parameters. The LM head stays ours (grpo/fused_logprobs.py): it gives the
-entropy and the sampling temperature that Liger's fused cross-entropy does not.
+the same parameters. Liger's fused linear cross-entropy serves the no-grad log-prob
+pass; the update keeps ours (grpo/fused_logprobs.py), which also gives the entropy.
 """
 from __future__ import annotations
 
@@ -43,4 +43,5 @@ def use_liger_kernel(model: nn.Module, mode: Switch, on_gpu: bool) -> str:
     apply = getattr(monkey_patch, f"apply_liger_kernel_to_{family}")
     apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
           fused_linear_cross_entropy=False, model=model)
+    model.liger_kernel = True  # grpo/logprobs.py: the no-grad log-prob head uses it too
     return "Liger Kernel RMSNorm/SwiGLU/RoPE"

@@ -47,6 +47,18 @@ def test_deepspeed_config_follows_cfg():
     assert ds["managed_gradient_accumulation"] is False
 
 
+def test_overlap_comm_only_where_there_is_a_reduction_to_overlap():
+    """DeepSpeed refuses overlap_comm with unmanaged accumulation below stage 2, and one
+    rank has nothing to reduce: either way the stage a user picks must start."""
+    def overlap(stage: int, world: int, on_gpu: bool = True) -> bool:
+        return deepspeed_config(Config(zero_stage=stage), on_gpu, world)["zero_optimization"][
+            "overlap_comm"]
+
+    assert overlap(2, 4) and overlap(3, 2)
+    assert not overlap(2, 1) and not overlap(1, 4) and not overlap(0, 4)
+    assert not overlap(2, 4, on_gpu=False)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="offload moves GPU state")
 def test_state_offload_roundtrip_on_gpu():
     import os

@@ -55,9 +55,14 @@ def test_patched_policy_matches_plain_on_gpu(shape):
     responses = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (200, 311)]
     out = {}
     for name, model in (("plain", plain), ("fused", fused)):
+        with torch.no_grad():  # the fused model's no-grad head is Liger's cross-entropy
+            out[name + "_nograd"] = response_logprobs(model, prompts, responses, 311,
+                                                      temperature=0.7, chunk=256)[0]
         logp, _ = response_logprobs(model, prompts, responses, 311, chunk=256)
         logp.sum().backward()
         grad = torch.cat([p.grad.float().flatten() for p in model.model.layers.parameters()])
         out[name] = (logp.detach().float(), grad)
+    nograd = out["fused_nograd"].float()
+    assert ((out["plain_nograd"].float() - nograd).norm() / nograd.norm()).item() < 2e-2
     for a, b in zip(out["plain"], out["fused"]):
         assert ((a - b).norm() / b.norm()).item() < 2e-2
