@@ -54,7 +54,8 @@ class LLMEngine:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.compress = compress or CompressConfig()
         self.device = torch.device(device)
-        self.lm = CausalLM(model, fuse=self.device.type == "cuda")  # fused qkv, gate/up copy
+        self.lm = CausalLM(model, fuse=self.device.type == "cuda",  # fused qkv, gate/up copy
+                           fused_kernels=cfg.fused_kernels)
         self.policy = build_policy(self.compress)  # None when dense
         self.pool = KVPool(self.lm, cfg, self.policy.window if self.policy else 0, self.device)
         self.pool.allocate()
