@@ -69,11 +69,6 @@ class LLMEngine:
         self.allocator: PageAllocator | None = None  # the last generate() call's
         self.timer = PhaseTimer(self.device)
 
-    @property
-    def blocks(self) -> PageAllocator | None:
-        """The old name of `allocator`."""
-        return self.allocator
-
     # ---- phase control ------------------------------------------------------------------
 
     def sleep(self) -> None:
