@@ -14,6 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from minisparse.kernels import triton_module
+
 NORM_EPS = 1e-8
 
 
@@ -92,10 +94,9 @@ def redundancy(keys: torch.Tensor, lengths: torch.Tensor, sim_threshold: float) 
     """
     acc = accumulate_dtype(keys.dtype)
     valid = position_mask(lengths, keys.shape[2])  # [B, Lmax]
-    if uses_triton(keys):
-        from .triton_redundancy import column_sums
-
-        sums = column_sums(keys, lengths, sim_threshold, NORM_EPS)
+    fast = _redundancy_kernels(keys)
+    if fast is not None:
+        sums = fast.column_sums(keys, lengths, sim_threshold, NORM_EPS)
     else:
         sums = column_sums_torch(keys, lengths, sim_threshold)
     means = sums / lengths.to(acc)[:, None, None]
@@ -105,13 +106,14 @@ def redundancy(keys: torch.Tensor, lengths: torch.Tensor, sim_threshold: float) 
 
 def uses_triton(keys: torch.Tensor) -> bool:
     """Whether redundancy() runs the Triton kernels (CUDA, half or float32, Triton there)."""
-    if not keys.is_cuda or keys.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return False
-    try:
-        from . import triton_redundancy  # noqa: F401
-    except (ImportError, RuntimeError):  # no (working) Triton: the PyTorch path
-        return False
-    return True
+    return _redundancy_kernels(keys) is not None
+
+
+def _redundancy_kernels(keys: torch.Tensor):
+    """triton_redundancy for CUDA keys of a dtype it takes, else None (the PyTorch path)."""
+    if keys.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return None
+    return triton_module("minisparse.compression.triton_redundancy", keys)
 
 
 def column_sums_torch(keys: torch.Tensor, lengths: torch.Tensor,

@@ -118,6 +118,9 @@ class EngineConfig:
     max_prefill_tokens: Count = 16384  # tokens per prefill batch
     max_model_len: Count | None = None  # None: the model's max_position_embeddings
     cuda_graphs: bool = True
+    # On CUDA, the forward's elementwise stages (residual add + RMSNorm, RoPE + K/V write,
+    # SiLU x up) run as fused Triton kernels; false: as PyTorch ops (the ablation).
+    fused_kernels: bool = True
     # Launch decode step N + 1 before reading step N's tokens, so the host's per-step work
     # overlaps the device's (same tokens either way; see LLMEngine._decode).
     overlap_decode: bool = True

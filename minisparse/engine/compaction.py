@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from minisparse.engine.kv_pool import KVPool
-from minisparse.engine.layers import cuda_kernels
+from minisparse.kernels import triton_module
 
 _GATHER_BYTES = 1 << 30  # cap on the gathered keys per group of sequences
 
@@ -44,7 +44,7 @@ def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
     """lmax: max(lens), known on the host (no device sync)."""
     n_layers, _, h_kv, d = pool.k.shape
     s, budget = rows.shape[0], policy.budget
-    fast = cuda_kernels("minisparse.engine.triton_compaction", pool.k)
+    fast = triton_module("minisparse.engine.triton_compaction", pool.k)
     if fast:
         keys = fast.gather_keys(pool.k, pool.page_table, pool.page_size, rows, lens, lmax)
     else:

@@ -1,10 +1,10 @@
 """Decode-step CUDA graphs, one per (batch-size bucket, cache-length bucket, sampling
 settings), captured lazily on first use.
 
-A graph runs decode_forward, the LM head and the sampler (sample_hidden) on static buffers
-of its batch size, so a replay returns the step's tokens and log-probs; a smaller batch is padded
-with rows that point at the pool's scratch page (page-table row scratch_row, cache entry
-0), so padding writes and attends only there. The cache-length bucket (a power of two,
+A graph runs step.py's decode_forward and sample_hidden (LM head and sampler) on static
+buffers of its batch size, so a replay returns the step's tokens and log-probs; a smaller
+batch is padded with rows that point at the pool's scratch page (page-table row
+scratch_row, cache entry 0), so padding writes and attends only there. The cache-length bucket (a power of two,
 capped at max_len: the compression bound, or max_model_len when dense) is the upper bound
 the Triton decode kernel sizes its splits by; batches whose caches exceed max_len run
 eagerly. With use_graphs=False the same padded path runs eagerly, which is how the
@@ -19,8 +19,8 @@ import torch
 
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.kv_pool import KVPool
-from minisparse.engine.model_runner import decode_forward, sample_hidden
 from minisparse.engine.models import CausalLM
+from minisparse.engine.step import decode_forward, sample_hidden
 
 
 MIN_LEN_BUCKET = 256

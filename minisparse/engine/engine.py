@@ -1,7 +1,8 @@
 """LLMEngine: the rollout engine. Owns the KV pool, scheduler and model runner, and runs
-the step loop: prefill (chunked) whenever waiting sequences fit, else one decode step for
-every running sequence; after each step, append sampled tokens, finish sequences, and
-compress the caches that the trigger marks due.
+the step loop, schedule -> run -> scheduler.postprocess: prefill (chunked) whenever waiting
+sequences fit, else one decode step for every running sequence; after the forward, the
+caches that the trigger marks due are compacted, and postprocess appends the sampled
+tokens, finishes sequences and takes back the pages compaction freed.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from minisparse.config.schema import CompressConfig, EngineConfig
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.kv_pool import KVPool
 from minisparse.engine.layers.sampler import seed_for
-from minisparse.engine.model_runner import ModelRunner
+from minisparse.engine.model_runner import DecodeLaunch, ModelRunner
 from minisparse.engine.models import CausalLM
 from minisparse.engine.scheduler import Scheduler
 from minisparse.engine.timing import PhaseTimer
@@ -54,7 +55,8 @@ class LLMEngine:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.compress = compress or CompressConfig()
         self.device = torch.device(device)
-        self.lm = CausalLM(model, fuse=self.device.type == "cuda")  # fused qkv, gate/up copy
+        self.lm = CausalLM(model, fuse=self.device.type == "cuda",  # fused qkv, gate/up copy
+                           fused_kernels=cfg.fused_kernels)
         self.policy = build_policy(self.compress)  # None when dense
         self.pool = KVPool(self.lm, cfg, self.policy.window if self.policy else 0, self.device)
         self.pool.allocate()
@@ -67,11 +69,6 @@ class LLMEngine:
         self.last_stats = GenerateStats()
         self.allocator: PageAllocator | None = None  # the last generate() call's
         self.timer = PhaseTimer(self.device)
-
-    @property
-    def blocks(self) -> PageAllocator | None:
-        """The old name of `allocator`."""
-        return self.allocator
 
     # ---- phase control ------------------------------------------------------------------
 
@@ -102,44 +99,46 @@ class LLMEngine:
         """Sample params.n completions per prompt; outputs are prompt-major."""
         if not self.pool.allocated:
             raise RuntimeError("engine is asleep: call wake() before generate()")
-        base_seed = params.seed if params.seed is not None else random.getrandbits(32)
         allocator = self.allocator = PageAllocator(self.pool.num_pages, self.pool.page_size)
         sched = Scheduler(allocator, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens,
-                          self._share_mode(), self.pool.window)
-        seqs = []
-        for p, prompt in enumerate(prompt_token_ids):
-            for j in range(params.n):
-                index = p * params.n + j
-                seed = seed_for(base_seed, params.seed_offset + index)
-                seq = Sequence(index, p, j, list(prompt), len(prompt), seed)
-                seqs.append(seq)
-                if not prompt or len(prompt) >= self.pool.max_model_len:
-                    seq.finish_reason = "abort"
-                else:
-                    sched.add(seq)
+                          self._share_mode(), self.pool.window,
+                          self.policy.budget if self.policy is not None else 0)
+        seqs = self._sequences(prompt_token_ids, params)
+        for seq in seqs:
+            if seq.finish_reason is None:
+                sched.add(seq)
         stats = GenerateStats()
         self.timer = PhaseTimer(self.device)
         start = time.perf_counter()
         bar = _progress(len(seqs), progress)
         while not sched.done:
-            finished = self._step(sched, params, stats)
-            if bar is not None and finished:
-                bar.update(finished)
+            self._step(sched, params, stats)
+            if bar is not None:
+                bar.update(sched.num_finished - bar.n)
         if bar is not None:
             bar.close()
         stats.wall_s = time.perf_counter() - start
-        phases = self.timer.seconds()
-        stats.prefill_s, stats.decode_s, stats.compress_s = (
-            phases.get(k, 0.0) for k in ("prefill", "decode", "compress"))
-        stats.generated_tokens = sum(s.num_generated for s in seqs)
-        stats.tokens_per_s = stats.generated_tokens / max(stats.wall_s, 1e-9)
-        stats.peak_pages_used = allocator.peak_used
-        stats.preemptions = sched.preemptions
-        stats.compressions = sum(s.num_compressions for s in seqs)
-        stats.shared_prompt_tokens = sched.shared_tokens
-        stats.evicted_tokens = sum(s.evicted_tokens for s in seqs)
-        self.last_stats = stats
+        self.last_stats = _totals(stats, self.timer, sched, seqs)
         return [s.to_output() for s in seqs]
+
+    def _sequences(self, prompt_token_ids: list[list[int]],
+                   params: SamplingParams) -> list[Sequence]:
+        """params.n sequences per prompt, each with its own seed; those whose prompt is
+        empty or fills the context are aborted at once."""
+        base_seed = params.seed if params.seed is not None else random.getrandbits(32)
+        stop = frozenset(params.stop_token_ids) | frozenset(
+            () if params.ignore_eos else self.eos_ids)
+        seqs = []
+        for p, prompt in enumerate(prompt_token_ids):
+            max_tokens = min(len(prompt) + params.max_new_tokens, self.pool.max_model_len)
+            for j in range(params.n):
+                index = p * params.n + j
+                seq = Sequence(index, p, j, list(prompt), len(prompt),
+                               seed_for(base_seed, params.seed_offset + index), stop, max_tokens)
+                if not prompt or len(prompt) >= self.pool.max_model_len:
+                    seq.finish_reason = "abort"
+                seqs.append(seq)
+        return seqs
 
     def _share_mode(self) -> str:
         """How the samples of a prompt share its prefill (Scheduler): the same pages when
@@ -148,64 +147,54 @@ class LLMEngine:
             return "none"
         return "copy" if self.policy is not None else "pages"
 
-    def _step(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> int:
-        """One prefill step, or a run of decode steps (see _decode); returns how many
-        sequences finished in it."""
-        chunks, aborted = sched.schedule_prefill()
-        for seq in aborted:
-            seq.finish_reason = "abort"
+    def _step(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> None:
+        """One prefill step when waiting sequences fit (schedule -> run -> postprocess),
+        else a run of decode steps (_decode). The scheduler aborts a sequence that can never
+        fit."""
+        chunks, _ = sched.schedule_prefill()
         if not chunks:
-            return self._decode(sched, params, stats) + len(aborted)
+            self._decode(sched, params, stats)
+            return
         self._sync_pages(sched)
         with self.timer.region("prefill"):
             self.pool.copy_pages(sched.take_copies())
-            done, tokens, logprobs = self.runner.prefill(chunks, params)
-        for seq, n in chunks:
-            seq.num_computed += n
-            seq.cache_len += n
-            seq.peak_cache = max(seq.peak_cache, seq.cache_len)
-        for seq in done:
-            sched.finish_prefill(seq)
-            seq.since_compress = 0
+            seqs, tokens, logprobs = self.runner.prefill(chunks, params)
+        sched.advance(chunks)
         stats.prefill_tokens += sum(n for _, n in chunks)
         stats.steps += 1
-        stats.peak_kv_tokens = max(stats.peak_kv_tokens, _cached_tokens(sched))
-        finished = self._append(sched, done, tokens, logprobs, params)
-        self._compress(sched, [s for s in done if s.finish_reason is None], stats)
-        return finished + len(aborted)
+        compacted = self._compress(seqs, tokens, stats)
+        sched.postprocess(seqs, tokens, logprobs, [s.cache_len for s in seqs], compacted)
 
-    def _decode(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> int:
+    def _decode(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> None:
         """Decode steps for every running sequence. With cfg.overlap_decode, step N + 1 is
         launched (inputs built on the device from step N's tokens) before step N's tokens
         are read, so the host's bookkeeping of step N runs while the device computes N + 1,
         for as long as _launch_next finds the next step predictable. A sequence that stops
-        at step N has one wasted row in N + 1, whose token is dropped."""
+        at step N has one wasted row in N + 1, whose token is dropped. Compression falls
+        due only after the last step (_launch_next stops before one that would)."""
         seqs = sched.schedule_decode()
         if not seqs:
-            return 0
+            return
         self._sync_pages(sched)
-        launch = self._launch(seqs, params, self.runner.step_inputs(seqs))
-        finished = 0
-        while True:
+        launch = self._launch(sched, seqs, params, self.runner.step_inputs(seqs))
+        while launch is not None:
             nxt = self._launch_next(sched, launch, params) if self.cfg.overlap_decode else None
-            finished += self._collect(sched, launch, params, stats)
-            if nxt is None:
-                break
+            tokens, logprobs = self.runner.collect(launch)
+            _count_decode(launch, stats)
+            compacted = self._compress(launch.seqs, tokens, stats) if nxt is None else []
+            sched.postprocess(launch.seqs, tokens, logprobs, launch.cache_lens, compacted)
             launch = nxt
-        self._compress(sched, [s for s in launch.seqs if s.finish_reason is None], stats)
-        return finished
 
-    def _launch(self, seqs: list[Sequence], params: SamplingParams, inputs: torch.Tensor):
-        """Queue a decode step and advance the sequences' cache counters past it."""
+    def _launch(self, sched: Scheduler, seqs: list[Sequence], params: SamplingParams,
+                inputs: torch.Tensor) -> DecodeLaunch:
+        """Queue a decode step; its cache entries count from now (Scheduler.advance)."""
         with self.timer.region("decode"):
             launch = self.runner.launch(seqs, params, inputs)
-        for seq in seqs:
-            seq.num_computed += 1
-            seq.since_compress += 1
-            seq.cache_len += 1
+        sched.advance([(seq, 1) for seq in seqs])
         return launch
 
-    def _launch_next(self, sched: Scheduler, launch, params: SamplingParams):
+    def _launch_next(self, sched: Scheduler, launch: DecodeLaunch,
+                     params: SamplingParams) -> DecodeLaunch | None:
         """Launch the step after `launch` before its tokens are read, when nothing about it
         depends on them: no waiting sequence could be admitted now, no compression falls
         due, the pool has every page it needs without preempting. Sequences that will
@@ -215,9 +204,8 @@ class LLMEngine:
                          and self.compress.divide_method != "step_length")
         if tokens_decide or sched.can_admit():
             return None
-        max_new, max_len = params.max_new_tokens, self.pool.max_model_len
-        keep = [i for i, s in enumerate(launch.seqs) if s.finish_reason is None
-                and not _at_length(s, len(s.token_ids) + 1, max_new, max_len)]
+        keep = [i for i, s in enumerate(launch.seqs)
+                if s.finish_reason is None and not s.at_length(1)]
         if not keep:
             return None
         seqs = [launch.seqs[i] for i in keep]
@@ -225,61 +213,29 @@ class LLMEngine:
             return None
         self._sync_pages(sched)
         same = len(keep) == len(launch.seqs)
-        return self._launch(seqs, params, self.runner.next_inputs(launch, None if same else keep))
+        inputs = self.runner.next_inputs(launch, None if same else keep)
+        return self._launch(sched, seqs, params, inputs)
 
-    def _collect(self, sched: Scheduler, launch, params: SamplingParams,
-                 stats: GenerateStats) -> int:
-        """Read a launched step's tokens and append them to the sequences still running
-        (one that stopped at the step before has nothing to append)."""
-        tokens, logprobs = self.runner.collect(launch)
-        live = [i for i, s in enumerate(launch.seqs) if s.finish_reason is None]
-        seqs = [launch.seqs[i] for i in live]
-        stats.steps += 1
-        stats.decode_steps += 1
-        stats.decode_tokens += len(live)
-        stats.decode_kv_tokens += sum(launch.cache_lens[i] for i in live)
-        for i, seq in zip(live, seqs):
-            seq.peak_cache = max(seq.peak_cache, launch.cache_lens[i])
-        stats.peak_kv_tokens = max(stats.peak_kv_tokens, _cached_tokens(sched))
-        return self._append(sched, seqs, [tokens[i] for i in live],
-                            [logprobs[i] for i in live], params)
-
-    def _append(self, sched: Scheduler, seqs: list[Sequence], tokens: list[int],
-                logprobs: list[float], params: SamplingParams) -> int:
-        finished = 0
-        stop = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
-        max_new, max_len = params.max_new_tokens, self.pool.max_model_len
-        for seq, tok, lp in zip(seqs, tokens, logprobs):
-            ids = seq.token_ids
-            ids.append(tok)
-            seq.logprobs.append(lp)
-            if tok in stop:
-                reason = "stop"
-            elif _at_length(seq, len(ids), max_new, max_len):
-                reason = "length"
-            else:
-                continue
-            sched.finish(seq, reason)
-            finished += 1
-        return finished
-
-    def _compress(self, sched: Scheduler, seqs: list[Sequence], stats: GenerateStats) -> None:
-        """Compress every sequence of `seqs` the trigger marks due, in one batched call."""
-        if self.policy is None or not seqs:
-            return
-        newline = [s.last_token in self.newline_ids for s in seqs]
-        due = self._due(seqs, newline)
-        if not due:
-            return
-        with self.timer.region("compress"):
-            compact(self.pool, self.policy, [s.slot for s in due], [s.cache_len for s in due],
-                    [s.num_computed for s in due])
-        sched.compacted(due, self.policy.budget)
-        stats.compress_events += 1
+    def _compress(self, seqs: list[Sequence], tokens: list[int],
+                  stats: GenerateStats) -> list[Sequence]:
+        """Compact, in one batched call, the caches of the sequences of `seqs` that go on
+        after sampling `tokens` and that the trigger marks due; returns them (the scheduler's
+        postprocess takes back their pages past the budget)."""
+        if self.policy is None:
+            return []
+        going = [(s, t) for s, t in zip(seqs, tokens)
+                 if s.finish_reason is None and s.stop_reason(t) is None]
+        due = self._due([s for s, _ in going], [t in self.newline_ids for _, t in going])
+        if due:
+            with self.timer.region("compress"):
+                compact(self.pool, self.policy, [s.slot for s in due],
+                        [s.cache_len for s in due], [s.num_computed for s in due])
+            stats.compress_events += 1
+        return due
 
     def _due(self, seqs: list[Sequence], newline: list[bool] | None) -> list[Sequence]:
-        """The sequences of `seqs` the trigger marks due now (newline: whether each one's
-        last token holds a newline; None: none does)."""
+        """The sequences of `seqs` the trigger marks due now (newline: whether the token
+        each one just sampled holds a newline; None: none does)."""
         if self.policy is None:
             return []
         budget = self.policy.budget
@@ -303,15 +259,30 @@ class LLMEngine:
             seq.synced_pages = len(seq.pages)
 
 
-def _at_length(seq: Sequence, n_ids: int, max_new: int, max_len: int) -> bool:
-    """Whether seq, holding n_ids token ids (prompt included), has reached its length:
-    max_new generated tokens or the context length."""
-    return n_ids - seq.num_prompt >= max_new or n_ids >= max_len
+def _count_decode(launch: DecodeLaunch, stats: GenerateStats) -> None:
+    """A decode step's counts, over the rows whose tokens are kept."""
+    lens = [n for s, n in zip(launch.seqs, launch.cache_lens) if s.finish_reason is None]
+    stats.steps += 1
+    stats.decode_steps += 1
+    stats.decode_tokens += len(lens)
+    stats.decode_kv_tokens += sum(lens)
 
 
-def _cached_tokens(sched: Scheduler) -> int:
-    return sum(s.cache_len for s in sched.running) + sum(s.cache_len for s in sched.waiting)
-
+def _totals(stats: GenerateStats, timer: PhaseTimer, sched: Scheduler,
+            seqs: list[Sequence]) -> GenerateStats:
+    """stats (wall_s set, step counts kept) completed with the call's totals."""
+    phases = timer.seconds()
+    stats.prefill_s, stats.decode_s, stats.compress_s = (
+        phases.get(k, 0.0) for k in ("prefill", "decode", "compress"))
+    stats.generated_tokens = sum(s.num_generated for s in seqs)
+    stats.tokens_per_s = stats.generated_tokens / max(stats.wall_s, 1e-9)
+    stats.peak_pages_used = sched.allocator.peak_used
+    stats.peak_kv_tokens = sched.peak_cached_tokens
+    stats.preemptions = sched.preemptions
+    stats.compressions = sum(s.num_compressions for s in seqs)
+    stats.shared_prompt_tokens = sched.shared_tokens
+    stats.evicted_tokens = sum(s.evicted_tokens for s in seqs)
+    return stats
 
 def _progress(total: int, enabled: bool):
     if not enabled:

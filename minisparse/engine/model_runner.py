@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from minisparse.engine.config import SamplingParams
+from minisparse.engine.cuda_graph import DecodeGraphs
 from minisparse.engine.kv_pool import KVPool
 from minisparse.engine.layers.attention import AttnContext
-from minisparse.engine.layers.sampler import sample_head
 from minisparse.engine.models import CausalLM
 from minisparse.engine.sequence import Sequence
+from minisparse.engine.step import decode_forward, sample_hidden
 
 _ALIGN = 16  # attended length is padded to a multiple of this (SDPA mask alignment)
 
@@ -49,7 +50,7 @@ class ModelRunner:
         self.lm, self.pool, self.device = lm, pool, pool.device
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.graph_max_len = graph_max_len
-        self.graphs = None  # a cuda_graph.DecodeGraphs when the decode step is captured
+        self.graphs: DecodeGraphs | None = None  # when the decode step is captured
         self._pinned: torch.Tensor | None = None  # staging buffer of decode's step tensor
         self._outs: list[torch.Tensor] = []  # pinned (tokens, logprobs) of 2 launches
         self._launches = 0
@@ -60,8 +61,6 @@ class ModelRunner:
         weights' addresses: call this after either changes."""
         self.graphs = None
         if self.cuda_graphs and self.pool.allocated:
-            from minisparse.engine.cuda_graph import DecodeGraphs  # it imports this module
-
             max_len = self.graph_max_len or self.pool.max_model_len
             self.graphs = DecodeGraphs(self.lm, self.pool, max_len)
 
@@ -202,24 +201,3 @@ class ModelRunner:
     def _to_host(self, tokens: torch.Tensor, logprobs: torch.Tensor):
         out = torch.stack([tokens.double(), logprobs.double()]).cpu()  # the step's one sync
         return [int(x) for x in out[0].tolist()], out[1].tolist()
-
-
-def sample_hidden(lm: CausalLM, hidden: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
-                  sp: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, logprobs) on the device from final hidden states: LM head, then the sampler
-    (fused kernel on CUDA); sync-free, so the decode graph captures it with the forward."""
-    return sample_head(lm.head(hidden), sp.temperature, sp.top_k, sp.top_p, seeds, steps)
-
-
-def decode_forward(lm: CausalLM, pool: KVPool, ids: torch.Tensor, pos: torch.Tensor,
-                   rows: torch.Tensor, cidx: torch.Tensor, max_len: int) -> torch.Tensor:
-    """Hidden states [B, hidden] of one decode step from device tensors only (token, RoPE
-    position, page-table row, cache entry of each sequence; max_len >= every cidx + 1), so
-    the same function runs eagerly and under CUDA-graph capture."""
-    ring_src = ring_dst = None
-    if pool.window:
-        ring_src = torch.arange(ids.shape[0], device=ids.device)
-        ring_dst = rows * pool.window + pos % pool.window
-    ctx = AttnContext(pool.slot_of(rows, cidx), ring_src, ring_dst, page_table=pool.page_table,
-                      rows=rows, cache_lens=cidx + 1, max_len=max_len, page_size=pool.page_size)
-    return lm.forward(ids, pos, ctx, pool.k, pool.v, pool.q_ring)

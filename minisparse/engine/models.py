@@ -9,36 +9,24 @@ yarn, ...); dynamic (input-length dependent) rope types are not supported.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minisparse.engine.layers import paged_decode
 from minisparse.engine.layers.attention import AttnContext, attend, paged_attention
+from minisparse.kernels import triton_module
 
-_fused_ops = None  # layers.fused_ops (Triton), imported on the first CUDA forward
 
-
-def fused_ops():
-    """The Triton elementwise kernels, or False when Triton cannot be imported or
-    MINISPARSE_ENGINE_KERNELS=0 (the bench's ablation switch)."""
-    global _fused_ops
-    if _fused_ops is None and os.environ.get("MINISPARSE_ENGINE_KERNELS", "1") == "0":
-        _fused_ops = False
-    if _fused_ops is None:
-        try:
-            from minisparse.engine.layers import fused_ops as mod
-            _fused_ops = mod
-        except ImportError:
-            _fused_ops = False
-    return _fused_ops
+def fused_ops(h: torch.Tensor):
+    """The Triton elementwise kernels (layers.fused_ops) for CUDA tensors, None elsewhere
+    or without Triton."""
+    return triton_module("minisparse.engine.layers.fused_ops", h)
 
 
 def decode_kernels(h: torch.Tensor):
     """The Triton decode-attention module whose rope_decode_attention a CUDA decode step
-    uses (False off CUDA: the CPU forward writes the cache, then attends)."""
+    uses (None off CUDA: the CPU forward writes the cache, then attends)."""
     return paged_decode.triton_kernels(h)
 
 
@@ -62,10 +50,12 @@ class CausalLM:
     k/v products and the extra launches cost more than the copy's memory). The copy is made
     at bind() (update_weights) and on demand, dropped by release_fused() (sleep), and
     fused_bytes reports its size; in-place weight updates are seen only after the next
-    bind(), which is when the trainer pushes new weights anyway."""
+    bind(), which is when the trainer pushes new weights anyway. fused_kernels: on CUDA,
+    run the elementwise stages as layers.fused_ops' Triton kernels (EngineConfig's switch
+    of the same name)."""
 
-    def __init__(self, model: nn.Module, fuse: bool = False) -> None:
-        self.fuse = fuse
+    def __init__(self, model: nn.Module, fuse: bool = False, fused_kernels: bool = True) -> None:
+        self.fuse, self.fused_kernels = fuse, fused_kernels
         self.fused: list[tuple] | None = None
         self.bind(model)
         cfg = model.config
@@ -163,12 +153,14 @@ class CausalLM:
         return rms_norm(h, self.base.norm)
 
     def _use_kernels(self, h: torch.Tensor) -> bool:
-        """The Triton path needs CUDA, the fused weights, SiLU and power-of-two heads."""
-        if not (h.is_cuda and self.fused and fused_ops()):
+        """The Triton path needs fused_kernels on, CUDA, the fused weights, SiLU and
+        power-of-two heads."""
+        ops = fused_ops(h) if self.fused_kernels and self.fused else None
+        if ops is None:
             return False
         act = getattr(self.model.config, "hidden_act", "silu")
-        return act == "silu" and fused_ops().rope_supported(self.num_heads, self.num_kv_heads,
-                                                            self.head_dim)
+        return act == "silu" and ops.rope_supported(self.num_heads, self.num_kv_heads,
+                                                    self.head_dim)
 
     def _forward_kernels(self, h, cos, sin, ctx, k_cache, v_cache, q_ring) -> torch.Tensor:
         """forward() with one Triton kernel per elementwise stage (layers.fused_ops): each
@@ -176,13 +168,13 @@ class CausalLM:
         straight into the pool (in a decode step, inside the attention kernel:
         triton_decode.rope_decode_attention), SiLU(gate) * up reads the fused gate/up
         product. Same roundings as forward()."""
-        ops, N = fused_ops(), h.shape[0]
+        ops, N = fused_ops(h), h.shape[0]
         norms = [layer.input_layernorm for layer in self.layers]
         ring_rows = None  # per token: its query-ring row, -1 when it keeps none
         if q_ring is not None and ctx.ring_src is not None:
             ring_rows = torch.full((N,), -1, dtype=torch.long, device=h.device)
             ring_rows[ctx.ring_src] = ctx.ring_dst
-        decode = decode_kernels(h) if ctx.is_decode else False
+        decode = decode_kernels(h) if ctx.is_decode else None
         down_parts = ops.split_k_parts(N, *self.layers[0].mlp.down_proj.weight.shape,
                                        ops.num_sms(h.device))  # every layer's shape
         x, h = ops.add_rms_norm(h, None, norms[0].weight, norms[0].variance_epsilon)

@@ -15,6 +15,10 @@ prompt tokens, whose queries the compression ring needs). "pages": it holds the 
 once); "copy": it gets its own copy of them (compaction rewrites pages in place, so a
 compressed cache cannot share), which saves the prefill's compute but not its memory. A
 sample whose sibling is being prefilled in the same step waits one step for it.
+
+The scheduler also keeps each step's books: advance() when a step's forward is queued,
+postprocess() once its tokens are read (tokens appended, finished sequences released, the
+pages of compacted caches past the budget returned).
 """
 from __future__ import annotations
 
@@ -29,12 +33,15 @@ SHARE_MODES = ("pages", "copy", "none")
 
 class Scheduler:
     def __init__(self, allocator: PageAllocator, max_num_seqs: int,
-                 max_prefill_tokens: int, share: str = "none", window: int = 0) -> None:
+                 max_prefill_tokens: int, share: str = "none", window: int = 0,
+                 budget: int = 0) -> None:
+        """window, budget: the compression's query window and the cache entries a
+        compacted sequence keeps (0 when dense)."""
         if share not in SHARE_MODES:
             raise ValueError(f"share must be one of {SHARE_MODES}, got {share!r}")
         self.allocator = allocator
         self.max_prefill_tokens = max_prefill_tokens
-        self.share, self.window = share, window
+        self.share, self.window, self.budget = share, window, budget
         self.free_slots = list(range(max_num_seqs - 1, -1, -1))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -43,6 +50,8 @@ class Scheduler:
         self.copies: list[tuple[list[int], list[int]]] = []  # (from pages, to pages)
         self.preemptions = 0
         self.shared_tokens = 0  # prompt tokens taken from a sibling instead of prefilled
+        self.num_finished = 0  # sequences finished by a step (stopped, at length, aborted)
+        self.peak_cached_tokens = 0  # the most cache entries held at once, all sequences
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -63,7 +72,7 @@ class Scheduler:
 
     def schedule_prefill(self) -> tuple[list[tuple[Sequence, int]], list[Sequence]]:
         """Chunks (seq, n_tokens) to prefill this step, and sequences that cannot fit even
-        in an otherwise empty pool (to be aborted; already removed from the queue)."""
+        in an otherwise empty pool (finished as "abort", their pages and slot released)."""
         chunks, aborted, budget = [], [], self.max_prefill_tokens
         in_step: set[int] = set()  # prompts being prefilled by this step's chunks
         waiters = False  # samples left waiting for a sibling's prompt (ahead in the queue)
@@ -89,7 +98,7 @@ class Scheduler:
                 if n <= 0:
                     self._give_back_prompt(seq, source)
                     self.waiting.remove(seq)
-                    self.free(seq)
+                    self.finish(seq, "abort")
                     aborted.append(seq)
                     continue
             self._grow(seq, seq.cache_len + n)
@@ -161,9 +170,11 @@ class Scheduler:
         return not self.running or n <= self._room(seq, len(self.running))
 
     def finish_prefill(self, seq: Sequence) -> None:
-        """A sequence whose prompt (or recompute) is fully in the cache starts decoding."""
+        """A sequence whose prompt (or recompute) is fully in the cache starts decoding;
+        the compression trigger counts its tokens from here."""
         self.waiting.remove(seq)
         seq.status = Status.RUNNING
+        seq.since_compress = 0
         self.running.append(seq)
 
     def schedule_decode(self) -> list[Sequence]:
@@ -213,20 +224,51 @@ class Scheduler:
             self.free_slots.append(seq.slot)
             seq.slot = -1
 
-    def compacted(self, seqs: list[Sequence], budget: int) -> None:
+    def advance(self, chunks: list[tuple[Sequence, int]]) -> None:
+        """A step's forward is queued: each (seq, n) of chunks has n more cache entries (a
+        decode step: n = 1). They count from here, not from postprocess, because an
+        overlapped decode launches the next step before this one's tokens are read. A
+        prefill chunk's entries count toward peak_cache at once (a decode step's once its
+        token is read: see postprocess); a sequence whose prompt (or recompute) is now all
+        in the cache starts decoding."""
+        for seq, n in chunks:
+            seq.advance(n)
+            if seq.status is Status.WAITING:
+                seq.peak_cache = max(seq.peak_cache, seq.cache_len)
+                if seq.num_computed == len(seq):
+                    self.finish_prefill(seq)
+
+    def postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float],
+                    cache_lens: list[int], compacted: list[Sequence] | None = None) -> None:
+        """After a step whose tokens are read: each of seqs appends its token (cache_lens:
+        its cache length at the step; a sequence that stopped at the step before, whose row
+        ran once more, has nothing to append), those that sample a stop token or reach
+        their length finish, and `compacted`, the sequences whose caches were compacted
+        after the step, return their pages past the budget."""
+        cached = sum(s.cache_len for s in self.running) + sum(s.cache_len for s in self.waiting)
+        self.peak_cached_tokens = max(self.peak_cached_tokens, cached)
+        for seq, token, logprob, cache_len in zip(seqs, tokens, logprobs, cache_lens):
+            if seq.finish_reason is not None:
+                continue
+            reason = seq.stop_reason(token)
+            seq.append(token, logprob, cache_len)
+            if reason is not None:
+                self.finish(seq, reason)
+        self.compacted(compacted or [])
+
+    def compacted(self, seqs: list[Sequence]) -> None:
         """Each of seqs now holds `budget` cache entries (compaction packed them first):
         return the pages past them and count the eviction."""
-        keep = self.allocator.pages_for(budget)
+        keep = self.allocator.pages_for(self.budget)
         for seq in seqs:
             self.allocator.release(seq.pages[keep:])
             seq.pages = seq.pages[:keep]
             seq.synced_pages = min(seq.synced_pages, keep)
-            seq.evicted_tokens += seq.cache_len - budget
-            seq.cache_len, seq.since_compress = budget, 0
-            seq.num_compressions += 1
+            seq.compacted(self.budget)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason, seq.status = reason, Status.FINISHED
+        self.num_finished += 1
         self.free(seq)
         for i, s in enumerate(self.running):  # by identity (dataclass == compares fields)
             if s is seq:

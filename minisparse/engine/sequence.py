@@ -2,6 +2,7 @@
 the per-call statistics (GenerateStats)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
@@ -61,6 +62,8 @@ class Sequence:
     token_ids: list[int]
     num_prompt: int
     seed: int
+    stop_ids: frozenset[int] = frozenset()  # sampled tokens that end it ("stop")
+    max_tokens: int = sys.maxsize  # token ids (prompt included) that end it ("length")
     status: Status = Status.WAITING
     logprobs: list[float] = field(default_factory=list)
     slot: int = -1  # row in the runner's per-sequence state tensors, -1 when none
@@ -84,6 +87,35 @@ class Sequence:
     @property
     def last_token(self) -> int:
         return self.token_ids[-1]
+
+    def at_length(self, extra: int = 0) -> bool:
+        """Whether it holds max_tokens token ids once `extra` more are appended."""
+        return len(self.token_ids) + extra >= self.max_tokens
+
+    def stop_reason(self, token: int) -> str | None:
+        """How sampling `token` next ends it: "stop" (a stop token), "length" (it then holds
+        max_tokens ids) or None (it goes on)."""
+        if token in self.stop_ids:
+            return "stop"
+        return "length" if self.at_length(1) else None
+
+    def append(self, token: int, logprob: float, cache_len: int) -> None:
+        """The token sampled at a step where its cache held cache_len entries."""
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        self.peak_cache = max(self.peak_cache, cache_len)
+
+    def advance(self, n: int) -> None:
+        """n more tokens' K/V went into the cache (a prefill chunk, or a decode step's 1)."""
+        self.num_computed += n
+        self.cache_len += n
+        self.since_compress += n
+
+    def compacted(self, budget: int) -> None:
+        """Its cache now holds `budget` entries; RoPE positions (num_computed) go on."""
+        self.evicted_tokens += self.cache_len - budget
+        self.cache_len, self.since_compress = budget, 0
+        self.num_compressions += 1
 
     def reset_cache(self) -> None:
         """Forget the KV cache (after preemption): everything is recomputed from tokens."""

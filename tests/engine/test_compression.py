@@ -41,11 +41,11 @@ def test_decode_attention_equals_reference_over_kept_tokens(tracked):
 
 def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
     engine = make_engine(qwen2, CFG, page_size=4)
-    blocks_seen = []
+    pages_seen = []
     real = engine.runner.launch
 
     def launch(seqs, sp, inputs):
-        blocks_seen.append(engine.allocator.num_used)
+        pages_seen.append(engine.allocator.num_used)
         assert all(s.cache_len < max_cache_tokens(CFG) for s in seqs)
         return real(seqs, sp, inputs)
     engine.runner.launch = launch
@@ -53,7 +53,7 @@ def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
     outs = engine.generate(prompts(n, lo=5, hi=20), SamplingParams(max_new_tokens=steps,
                                                                   ignore_eos=True, seed=0))
     per_seq = engine.allocator.pages_for(max_cache_tokens(CFG))
-    assert max(blocks_seen) <= n * per_seq
+    assert max(pages_seen) <= n * per_seq
     assert engine.allocator.num_free == engine.pool.num_pages
     for o in outs:
         assert len(o.token_ids) == steps

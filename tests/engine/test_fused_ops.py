@@ -145,6 +145,18 @@ def test_rope_supported(ops):
     assert ops.rope_supported(16, 2, 128) and not ops.rope_supported(12, 2, 128)
 
 
+@pytest.mark.parametrize("switch", [True, False])
+def test_fused_kernels_switch_picks_the_forward(ops, monkeypatch, qwen2, switch):
+    """engine.fused_kernels reaches CausalLM: with it off the forward stays on the PyTorch
+    path even where the kernels are there (here: the interpreted ones, offered for CPU)."""
+    monkeypatch.setattr(models_mod, "fused_ops", lambda h: ops)
+    engine = make_engine(qwen2, fused_kernels=switch)
+    engine.lm.fuse = True
+    engine.lm.fuse_weights()
+    h = torch.zeros(1, qwen2.config.hidden_size)
+    assert engine.lm.fused_kernels is switch and engine.lm._use_kernels(h) is switch
+
+
 @pytest.mark.parametrize("fused_decode,split_down", [(False, False), (True, False),
                                                      (True, True)])
 def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused_decode,
@@ -161,7 +173,7 @@ def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused
     params = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
     cfg = CompressConfig(algorithm="rkv", budget=12, window=4, divide_length=4, kernel_size=3)
     want = [make_engine(qwen2, c, page_size=4).generate(ps, params) for c in (None, cfg)]
-    monkeypatch.setattr(models_mod, "_fused_ops", ops)
+    monkeypatch.setattr(models_mod, "fused_ops", lambda h: ops)
     monkeypatch.setattr(models_mod.CausalLM, "_use_kernels", lambda self, h: bool(self.fused))
     calls = []
     if fused_decode:

@@ -1,4 +1,5 @@
-"""Scheduler bookkeeping without a model: pages after a compaction."""
+"""Scheduler bookkeeping without a model: admission, prompt sharing, a step's books
+(advance, postprocess) and pages after a compaction."""
 from __future__ import annotations
 
 import pytest
@@ -10,16 +11,17 @@ from minisparse.engine.sequence import Sequence
 
 def test_compacted_returns_pages_past_the_budget_and_counts_the_eviction():
     allocator = PageAllocator(num_pages=10, page_size=4)
-    sched = Scheduler(allocator, max_num_seqs=2, max_prefill_tokens=64)
+    sched = Scheduler(allocator, max_num_seqs=2, max_prefill_tokens=64, budget=6)
     seq = Sequence(0, 0, 0, list(range(14)), 14, seed=0)
     sched.add(seq)
     chunks, aborted = sched.schedule_prefill()
     assert chunks == [(seq, 14)] and not aborted
-    seq.cache_len = seq.num_computed = 14  # what the engine records after the prefill
+    sched.advance(chunks)
+    assert seq.cache_len == seq.num_computed == 14 and seq in sched.running
     seq.since_compress = 5
     owned = list(seq.pages)
     assert len(owned) == 4 and allocator.num_free == 6
-    sched.compacted([seq], budget=6)
+    sched.compacted([seq])
     assert seq.pages == owned[:2] and allocator.num_free == 8
     assert set(owned[2:]) <= set(allocator.free)  # the released pages are free again
     assert (seq.cache_len, seq.since_compress, seq.evicted_tokens, seq.num_compressions) == (
@@ -39,9 +41,7 @@ def test_can_admit_mirrors_schedule_prefill():
     assert sched.can_admit()
     chunks, _ = sched.schedule_prefill()  # a (2 pages) and b (3 pages, 1 left for a)
     assert [s for s, _ in chunks] == [a, b]
-    for seq, n in chunks:
-        seq.cache_len = seq.num_computed = n
-        sched.finish_prefill(seq)
+    sched.advance(chunks)
     assert not sched.free_slots and not sched.can_admit()  # c waits for a slot
     assert sched.schedule_prefill() == ([], [])
     sched.finish(a, "stop")  # a slot and 2 pages come back: c's 4 tokens need 1 + 1 reserve
@@ -71,12 +71,8 @@ def _siblings(sched, prompt_len: int, n: int) -> list[Sequence]:
 
 
 def _prefilled(sched, chunks) -> None:
-    """What the engine records after a prefill step."""
-    for seq, n in chunks:
-        seq.num_computed += n
-        seq.cache_len += n
-        if seq.num_computed == len(seq):
-            sched.finish_prefill(seq)
+    """A prefill step's forward, as far as the scheduler sees it."""
+    sched.advance(chunks)
 
 
 def test_dense_siblings_wait_one_step_then_hold_the_prompt_pages():
@@ -142,10 +138,11 @@ def test_compressed_siblings_copy_the_prompt_pages_and_keep_the_window():
 
 def test_a_compacted_sibling_is_no_source():
     allocator = PageAllocator(num_pages=20, page_size=4)
-    sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="copy", window=4)
+    sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="copy", window=4,
+                      budget=8)
     a, b = _siblings(sched, 14, 2)
     _prefilled(sched, sched.schedule_prefill()[0])
-    sched.compacted([a], budget=8)  # a's pages now hold its kept entries, not the prompt
+    sched.compacted([a])  # a's pages now hold its kept entries, not the prompt
     assert sched.schedule_prefill()[0] == [(b, 14)] and not sched.take_copies()
 
 
@@ -158,3 +155,40 @@ def test_a_sibling_that_does_not_fit_gives_the_shared_pages_back():
     assert sched.schedule_prefill() == ([], [])
     assert b.pages == [] and b.num_computed == b.cache_len == 0 and b in sched.waiting
     assert [allocator.refs[p] for p in a.pages] == [1, 1, 1, 1]
+
+
+def test_postprocess_appends_finishes_and_takes_back_compacted_pages():
+    """Three steps by hand: a prefill where b reaches its length, a decode step after which
+    a's cache was compacted to the budget, and a decode step where a samples a stop token
+    (plus the row a stopped sequence runs once more in an overlapped step)."""
+    allocator = PageAllocator(num_pages=10, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=2, max_prefill_tokens=64, budget=4)
+    a = Sequence(0, 0, 0, list(range(6)), 6, seed=0, stop_ids=frozenset({7}), max_tokens=100)
+    b = Sequence(1, 1, 0, list(range(5)), 5, seed=1, stop_ids=frozenset({7}), max_tokens=6)
+    sched.add(a)
+    sched.add(b)
+    chunks, _ = sched.schedule_prefill()
+    sched.advance(chunks)
+    assert sched.running == [a, b] and allocator.num_free == 6  # 2 pages each
+    sched.postprocess([a, b], [9, 9], [-0.5, -1.0], [6, 5])
+    assert (b.finish_reason, b.token_ids[-1], b.slot, b.pages) == ("length", 9, -1, [])
+    assert a.finish_reason is None and a.token_ids[-1] == 9 and a.logprobs == [-0.5]
+    assert sched.running == [a] and allocator.num_free == 8 and sched.num_finished == 1
+    assert sched.peak_cached_tokens == 11 and (a.peak_cache, b.peak_cache) == (6, 5)
+
+    assert sched.schedule_decode() == [a]  # entry 6 is on a's second page: none added
+    sched.advance([(a, 1)])
+    assert (a.num_computed, a.cache_len, a.since_compress) == (7, 7, 1)
+    sched.postprocess([a], [11], [-0.25], [7], compacted=[a])  # 7 entries -> 4: one page
+    assert a.token_ids[-2:] == [9, 11] and a.logprobs == [-0.5, -0.25]
+    assert (a.cache_len, a.num_computed, a.since_compress) == (4, 7, 0)
+    assert (a.evicted_tokens, a.num_compressions, a.peak_cache) == (3, 1, 7)
+    assert len(a.pages) == 1 and allocator.num_free == 9
+
+    assert sched.schedule_decode() == [a] and allocator.num_free == 8  # entry 4: a page
+    sched.advance([(a, 1)])
+    sched.postprocess([a], [7], [-2.0], [5])
+    assert (a.finish_reason, a.token_ids[-1], a.peak_cache) == ("stop", 7, 7)
+    assert allocator.num_free == 10 and sched.num_finished == 2 and sched.done
+    sched.postprocess([a], [3], [-1.0], [6])  # its row in an overlapped step: dropped
+    assert a.token_ids[6:] == [9, 11, 7] and a.logprobs == [-0.5, -0.25, -2.0]

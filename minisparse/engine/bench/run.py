@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs)
     p.add_argument("--max-prefill-tokens", type=int, default=e.max_prefill_tokens)
     p.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
+    p.add_argument("--no-fused-kernels", action="store_true",
+                   help="the forward's elementwise stages as PyTorch ops (the ablation of "
+                        "engine.fused_kernels)")
     p.add_argument("--no-overlap", action="store_true",
                    help="read each decode step's tokens before launching the next")
     p.add_argument("--repeats", type=int, default=1,
@@ -94,6 +97,7 @@ def build(args: argparse.Namespace, backend: str = "native"):
         page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
         kv_memory_fraction=args.kv_memory_fraction, max_num_seqs=args.max_num_seqs,
         max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs,
+        fused_kernels=not args.no_fused_kernels,
         overlap_decode=not args.no_overlap, share_prompt_cache=not args.no_share_prompt_cache)
     if backend == "sglang":
         from minisparse.engine.sglang_backend import SGLangBackend

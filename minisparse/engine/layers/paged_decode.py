@@ -3,19 +3,18 @@
 paged_decode_attention runs the Triton kernel (triton_decode) for CUDA tensors when Triton
 imports, and otherwise a PyTorch reference that gathers the cache (fine on CPU, where the
 engine runs tiny models in tests). The Triton module is imported lazily, on the first CUDA
-call, so CPU runs never depend on Triton and the interpreter switch (TRITON_INTERPRET, read
-when kernels are decorated) is decided by whoever imports it first.
+call (minisparse.kernels).
 """
 from __future__ import annotations
 
 import torch
 
-from minisparse.engine.layers import cuda_kernels
+from minisparse.kernels import triton_module
 
 
 def triton_kernels(x: torch.Tensor):
-    """The triton_decode module for CUDA tensors, False elsewhere or without Triton."""
-    return cuda_kernels("minisparse.engine.layers.triton_decode", x)
+    """The triton_decode module for CUDA tensors, None elsewhere or without Triton."""
+    return triton_module("minisparse.engine.layers.triton_decode", x)
 
 
 def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -14,6 +14,9 @@ CUDA): the row hash (seed, step) xor a cached per-column hash, then one murmur3 
 Log-probs are those of log_softmax(logits / T) in float32, taken BEFORE top-k/top-p
 truncation (computed as scaled[token] - logsumexp(scaled), not as a full log_softmax).
 Temperature 0 is greedy; its log-prob is that of the argmax under the T=1 distribution.
+
+This is the reference and the CPU path; on CUDA the same draw runs as one Triton pass
+(sampler_triton, which reads this module's column hashes and truncation rule).
 """
 from __future__ import annotations
 
@@ -142,22 +145,3 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
     logprobs = shifted.gather(-1, tokens[:, None]).squeeze(-1) - lse
     return tokens, logprobs
 
-
-_fused_impl = None  # the sampler_triton module, False when Triton is unusable
-
-
-def sample_head(head_out: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                seeds: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """sample() on the LM head's raw output [B, V] (model dtype): the fused Triton kernel
-    (sampler_triton) on CUDA, this module's float32 reference elsewhere. Imported lazily so
-    CPU runs never depend on Triton."""
-    global _fused_impl
-    if head_out.is_cuda and _fused_impl is None:
-        try:
-            from minisparse.engine.layers import sampler_triton
-            _fused_impl = sampler_triton
-        except ImportError:
-            _fused_impl = False
-    if head_out.is_cuda and _fused_impl:
-        return _fused_impl.fused_sample(head_out, temperature, top_k, top_p, seeds, steps)
-    return sample(head_out.float(), temperature, top_k, top_p, seeds, steps)
