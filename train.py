@@ -268,8 +268,9 @@ def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     """Optimizer steps; averages the per-step metrics, counts skipped (non-finite) steps."""
     steps = train_on_rollout(run.train_engine, batch, run.cfg)
     for key in steps[0]:
-        if key != "train/step_skipped":
+        if key not in ("train/step_skipped", "time/optimizer_step_s"):
             metrics[key] = mean(s[key] for s in steps)
+    metrics["time/optimizer_step_s"] = sum(s["time/optimizer_step_s"] for s in steps)
     skipped = int(sum(s["train/step_skipped"] for s in steps))
     run.nonfinite_steps += skipped
     metrics["train/nonfinite_steps"] = Sum(skipped)
@@ -278,12 +279,16 @@ def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
 
 def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, float]:
     """Achieved TFLOP/s and MFU of the log-prob passes (old, and reference when there is
-    one) and of the update (forward + backward, 3 forwards' worth), see grpo/flops.py."""
+    one) and of the update (forward + backward, 3 forwards' worth), see grpo/flops.py;
+    update_fwd_bwd leaves the optimizer steps' time out, as plain HF training loops
+    measure it."""
     forward = batch_forward_flops(run.flops, batch.prompts, batch.responses)
     passes = 1 + (run.ref_model is not None)
+    fwd_bwd_s = metrics["time/update_s"] - metrics["time/optimizer_step_s"]
     return {
         **mfu_metrics("logprobs", passes * forward, metrics["time/logprobs_s"], run.peak),
         **mfu_metrics("update", 3 * forward, metrics["time/update_s"], run.peak),
+        **mfu_metrics("update_fwd_bwd", 3 * forward, fwd_bwd_s, run.peak),
     }
 
 

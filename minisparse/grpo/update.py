@@ -13,6 +13,7 @@ A non-finite loss poisons the step's gradients with NaN, so DeepSpeed's overflow
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 
 import torch
@@ -38,6 +39,21 @@ def _constant_backward(train_engine, scale: float) -> None:
         input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False
     ).last_hidden_state
     train_engine.backward(model.lm_head(hidden).sum() * scale, scale_wrt_gas=False)
+
+
+def device_of(train_engine) -> torch.device:
+    return next(train_engine.module.parameters()).device
+
+
+def _timed(fn, device: torch.device) -> float:
+    """Seconds fn took on the device (synchronised around it on a GPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
 
 
 def micro_batch_loss(model, batch: RolloutBatch, rows: list[int], cfg: Config, denominator: float):
@@ -92,7 +108,7 @@ def optimizer_step(
             _constant_backward(train_engine, float("nan"))
         for key, value in metrics.items():
             sums[key] += value.item()
-    train_engine.step()
+    step_s = _timed(train_engine.step, device_of(train_engine))
     grad_norm = train_engine.get_global_grad_norm()
     grad_norm = float("nan") if grad_norm is None else float(grad_norm)
     applied = train_engine.was_step_applied() and finite and math.isfinite(grad_norm)
@@ -102,6 +118,7 @@ def optimizer_step(
         "train/lr": train_engine.get_lr()[0],
         "train/micro_batches": float(len(groups)),
         "train/step_skipped": float(not applied),
+        "time/optimizer_step_s": step_s,
     }
 
 
