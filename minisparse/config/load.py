@@ -263,9 +263,6 @@ def _check_relations(cfg: Config) -> None:
         )
 
 
-ENUMS = choice_keys()  # the old name of this table
-
-
 def validate_config(cfg: Config) -> None:
     """Enums, ranges and cross-key rules; cheap, so train.py fails before loading a model."""
     for key, allowed in choice_keys().items():
