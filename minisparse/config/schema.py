@@ -51,6 +51,7 @@ NonNegative = Annotated[float, Rule(">= 0", lambda v: v >= 0)]
 Fraction = Annotated[float, Rule("in [0, 1]", lambda v: 0 <= v <= 1)]
 Share = Annotated[float, Rule("in (0, 1]", lambda v: 0 < v <= 1)]
 Similarity = Annotated[float, Rule("in [-1, 1]", lambda v: -1 <= v <= 1)]
+OddCount = Annotated[int, Rule("odd and >= 1", lambda v: v >= 1 and v % 2 == 1)]
 TopK = Annotated[int, Rule("-1 (off) or >= 1", lambda v: v == -1 or v >= 1)]
 ZeroStage = Annotated[int, Rule("0, 1, 2 or 3", lambda v: v in (0, 1, 2, 3))]
 
@@ -92,7 +93,7 @@ class CompressConfig:
     divide_method: DivideMethod = "step_length"
     divide_length: Count = 128
     max_buffer: Count | None = None  # newline trigger's hard cap; None -> 4 * divide_length
-    kernel_size: Count = 7
+    kernel_size: OddCount = 7
     pooling: Pooling = "max"
     group_pooling: GroupPooling = "max"
     mix_lambda: Fraction = 0.1
