@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     engine = make_backend(cfg, model, tokenizer, device)
     summary = evaluate(engine, tokenizer, eval_cfg, args.output, settings=run_settings(cfg),
                        seed=cfg.seed, overwrite=args.overwrite, progress=args.progress,
-                       problems=problems)
+                       problems=problems, reward_workers=cfg.reward.workers)
     print(format_table(summary))
     print(f"results in {Path(args.output).resolve()}")
     return 0

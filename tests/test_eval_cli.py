@@ -190,9 +190,9 @@ def test_flags_are_the_schemas():
     assert set(eval_cli.RUN_KEYS) | set(eval_cli.EVAL_KEYS) <= dests
     assert set(eval_cli.COMPRESS_KEYS) == {f"compress.{k}" for k in
                                            dataclasses.asdict(CompressConfig())}
-    cfg, _ = resolve("--model", "m", "--set", "data.shuffle=false")
+    cfg, _ = resolve("--model", "m", "--set", "data.shuffle=false", "--set", "reward.workers=3")
     assert cfg.compress == CompressConfig() and cfg.engine == EngineConfig()
-    assert cfg.data.shuffle is False
+    assert cfg.data.shuffle is False and cfg.reward.workers == 3
     cfg, _ = resolve("--model", "m", "--kernel-size", "5", "--no-share-prompt-cache")
     assert cfg.compress.kernel_size == 5 and cfg.engine.share_prompt_cache is False
 

@@ -2,7 +2,7 @@
 module share, so a key means the same thing in train.py, eval.py and the engine.
 
 Top-level keys are the slime-style run settings (num_rollout, rollout_batch_size, ...);
-sections group what belongs to one component (model, data, compress, engine,
+sections group what belongs to one component (model, data, reward, compress, engine,
 optim, loss, eval, log). Each field's type carries its allowed values (Literal) or range
 (Rule), and HELP says what a key means where a command-line flag sets it; load.py beside
 this reads, overrides and validates a Config; cli.py builds the flags from all three.
@@ -83,6 +83,14 @@ class DataConfig:
     apply_chat_template: bool = False
     max_prompt_len: Count = 1024  # longer prompts are dropped (and counted in the log)
     synthetic_size: Count = 512  # rows generated when path == "synthetic"
+
+
+@dataclass
+class RewardConfig:
+    # Processes that grade a batch of responses, in training and evaluation (data/reward.py);
+    # 1: in this process, the default until the pool is checked again on the GPU image
+    # (docs/results.md). Batches under 64 responses are always graded in-process.
+    workers: Count = 1
 
 
 @dataclass
@@ -215,6 +223,7 @@ class Config:
     max_nonfinite_steps: NonNegativeInt = 3
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     compress: CompressConfig = field(default_factory=CompressConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -144,6 +144,7 @@ def test_overrides_parse_types():
     ("compress.divide_method=none", "'compress.divide_method' must be one of step_length"),
     ("compress.divide_length=0", "'compress.divide_length' must be >= 1, got 0"),
     ("compress.max_buffer=0", "'compress.max_buffer' must be >= 1, got 0"),
+    ("reward.workers=0", "'reward.workers' must be >= 1, got 0"),
     ("loss.tis_lower=2", "'loss.tis_lower' (2.0) must be <= 'loss.tis_upper' (1.5)"),
     ("loss.rs_upper=0.4", "'loss.rs_lower' (0.5) must be <= 'loss.rs_upper' (0.4)"),
     ("compress.budget=4", "'compress.budget' (4) must be > 'compress.window' (4)"),
