@@ -17,128 +17,58 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from minisparse.config.cli import (ENGINE_KEYS, HelpFormatter, add_config_args,
+                                   add_config_flags, config_overrides)
+from minisparse.config.load import dump_config, load_config, section_keys
+from minisparse.config.schema import Config, ConfigError, EvalConfig
 from minisparse.data.benchmarks import BenchmarkError, load_benchmarks, parse_benchmark_names
-from minisparse.config.schema import (
-    Algorithm, Backend, Config, ConfigError, DivideMethod, Dtype, EvalConfig, GroupPooling, Pooling,
-    PromptTemplate, Selection, choices,
-)
-from minisparse.config.cli import add_config_args
-from minisparse.config.load import dump_config, load_config
 
-# flag dest -> config key; a flag given on the command line becomes a KEY=VALUE override.
-RUN_FLAGS = {
-    "model": "model.path", "dtype": "model.dtype", "seed": "seed",
-    "compress": "compress.algorithm", "budget": "compress.budget",
-    "window": "compress.window", "divide_method": "compress.divide_method",
-    "divide_length": "compress.divide_length", "max_buffer": "compress.max_buffer",
-    "kernel_size": "compress.kernel_size", "pooling": "compress.pooling",
-    "group_pooling": "compress.group_pooling", "mix_lambda": "compress.mix_lambda",
-    "sim_threshold": "compress.sim_threshold", "selection": "compress.selection",
-    "backend": "engine.backend", "page_size": "engine.page_size", "kv_memory_gb": "engine.kv_memory_gb",
-    "kv_memory_fraction": "engine.kv_memory_fraction",
-    "kv_cpu_memory_gb": "engine.kv_cpu_memory_gb", "max_num_seqs": "engine.max_num_seqs",
-    "max_prefill_tokens": "engine.max_prefill_tokens", "cuda_graphs": "engine.cuda_graphs",
-}
-EVAL_FLAGS = {
-    "data_dir": "eval.data_dir", "limit": "eval.limit", "max_new_tokens": "eval.max_new_tokens",
-    "temperature": "eval.temperature", "top_p": "eval.top_p", "n_samples": "eval.n_samples",
-    "prompt_template": "eval.prompt_template",
-}
-
-
-def _add_protocol_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("benchmarks and sampling (default: the paper's protocol)")
-    g.add_argument("--benchmarks", default=None,
-                   help="comma-separated; default: gsm8k,math500,minerva_math,olympiadbench,"
-                        "aime24,amc23,gaokao2023en")
-    g.add_argument("--data-dir", help=f"folder with NAME/test.jsonl (default "
-                                      f"{EvalConfig.data_dir}; see docs/eval.md)")
-    g.add_argument("--limit", type=int, help="first N problems of each benchmark")
-    g.add_argument("--max-new-tokens", type=int,
-                   help="for every benchmark (default: 8192; 16384 on aime24, amc23)")
-    g.add_argument("--n-samples", type=int,
-                   help="samples per problem for every benchmark (default: 1; 32 on aime24, amc23)")
-    g.add_argument("--temperature", type=float, help=f"default {EvalConfig.temperature}")
-    g.add_argument("--top-p", type=float, help=f"default {EvalConfig.top_p}")
-    g.add_argument("--seed", type=int, help=f"sampling seed (default: the config's, {Config.seed})")
-    g.add_argument("--prompt-template", choices=choices(PromptTemplate),
-                   help="boxed (default): question + instruction, no chat template; "
-                        "chat: the training set's system/user turn in the chat template; "
-                        "user: one user turn as data.path=synthetic renders it (arithmetic)")
-
-
-def _add_run_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model and engine")
-    g.add_argument("--model", help="HF checkpoint dir, 'tiny', or a shape name (qwen2.5-3b, "
-                                   "random weights); default: the --config's model.path")
-    g.add_argument("--dtype", choices=choices(Dtype))
-    g.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    g.add_argument("--backend", choices=choices(Backend),
-                   help="rollout engine; sglang (embedded sglang.Engine) is dense only")
-    g.add_argument("--max-num-seqs", "--batch-size", dest="max_num_seqs", type=int,
-                   help="sequences decoded at once")
-    g.add_argument("--kv-memory-gb", type=float, help="KV pool size in GiB (> 0 wins)")
-    g.add_argument("--kv-memory-fraction", type=float, help="else this share of free GPU memory")
-    g.add_argument("--kv-cpu-memory-gb", type=float, help="KV pool budget on CPU")
-    g.add_argument("--page-size", type=int)
-    g.add_argument("--max-prefill-tokens", type=int)
-    g.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_const", const=False)
-
-
-def _add_compress_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("KV compression during generation (default: none, dense)")
-    g.add_argument("--compress", choices=choices(Algorithm))
-    g.add_argument("--budget", type=int, help="KV tokens kept per sequence after compression")
-    g.add_argument("--window", type=int, help="recent tokens whose queries score the cache")
-    g.add_argument("--divide-method", choices=choices(DivideMethod))
-    g.add_argument("--divide-length", type=int, help="tokens between compressions")
-    g.add_argument("--max-buffer", type=int, help="newline trigger's hard cap")
-    g.add_argument("--kernel-size", type=int)
-    g.add_argument("--pooling", choices=choices(Pooling))
-    g.add_argument("--group-pooling", choices=choices(GroupPooling))
-    g.add_argument("--mix-lambda", type=float)
-    g.add_argument("--sim-threshold", type=float)
-    g.add_argument("--selection", choices=choices(Selection))
+# Config keys with a flag; a flag given on the command line becomes a KEY=VALUE override.
+MODEL_KEYS = ("model.path", "model.dtype")
+ENGINE_FLAG_KEYS = ("engine.backend", *ENGINE_KEYS)
+COMPRESS_KEYS = tuple(section_keys("compress"))
+RUN_KEYS = ("seed", *MODEL_KEYS, *ENGINE_FLAG_KEYS, *COMPRESS_KEYS)
+EVAL_KEYS = tuple(section_keys("eval"))
+UNSET = "flags left out keep the --config's value, else the default shown here"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--output", required=True, help="results folder (re-runs skip finished "
                                                    "benchmarks)")
     p.add_argument("--overwrite", action="store_true", help="redo finished benchmarks")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    _add_protocol_args(p)
-    _add_run_args(p)
-    _add_compress_args(p)
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar")
+    g = p.add_argument_group("benchmarks and sampling (default: the paper's protocol)",
+                             "these flags or --set eval.KEY=VALUE; a --config's eval section "
+                             "(for evaluation during training) is not used")
+    add_config_flags(g, EVAL_KEYS)
+    g = p.add_argument_group("model, engine and seed", UNSET)
+    add_config_flags(g, ("seed", *MODEL_KEYS))
+    g.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    add_config_flags(g, ENGINE_FLAG_KEYS)
+    add_config_flags(p.add_argument_group("KV compression during generation", UNSET),
+                     COMPRESS_KEYS)
     add_config_args(p)
     return p
-
-
-def _overrides(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
-    out = []
-    for dest, key in flags.items():
-        value = getattr(args, dest)
-        if value is not None:
-            out.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
-    return out
 
 
 def resolve_settings(args: argparse.Namespace) -> tuple[Config, EvalConfig]:
     """(run config, eval config). Model/compress/engine: --config, then --set, then flags.
     Eval: the schema's protocol defaults, then --set eval.*, then flags; a training config's
     own eval section (its in-training evaluation) is not used."""
-    if args.model is None and args.config is None:
+    if getattr(args, "model.path") is None and args.config is None:
         raise ConfigError("give --model (or --config with model.path)")
     sets = list(args.overrides)
-    cfg = load_config(args.config, sets + _overrides(args, RUN_FLAGS))
+    cfg = load_config(args.config, sets + config_overrides(args, RUN_KEYS))
     eval_overrides = [s for s in sets if s.strip().startswith("eval.")]
-    eval_overrides += _overrides(args, EVAL_FLAGS)
+    eval_overrides += config_overrides(args, EVAL_KEYS)
     eval_cfg = load_config(None, eval_overrides).eval
     given = {s.split("=", 1)[0].strip() for s in eval_overrides}
     eval_cfg = dataclasses.replace(
         eval_cfg,
-        benchmarks=parse_benchmark_names(args.benchmarks or eval_cfg.benchmarks),
+        benchmarks=parse_benchmark_names(eval_cfg.benchmarks),
         n_samples=eval_cfg.n_samples if "eval.n_samples" in given else None,
         max_new_tokens=eval_cfg.max_new_tokens if "eval.max_new_tokens" in given else None,
     )
@@ -176,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     engine = make_backend(cfg, model, tokenizer, device)
     summary = evaluate(engine, tokenizer, eval_cfg, args.output, settings=run_settings(cfg),
                        seed=cfg.seed, overwrite=args.overwrite, progress=args.progress,
-                       problems=problems)
+                       problems=problems, reward_workers=cfg.reward.workers)
     print(format_table(summary))
     print(f"results in {Path(args.output).resolve()}")
     return 0

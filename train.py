@@ -240,7 +240,7 @@ def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
 
 def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     """Rewards, then GRPO advantages within each prompt's group of responses."""
-    grade_stats = score_batch(batch, run.tokenizer)
+    grade_stats = score_batch(batch, run.tokenizer, run.cfg.reward.workers)
     batch.advantages, adv_stats = group_advantages(
         batch.rewards, run.cfg.n_samples_per_prompt, run.cfg.loss.normalize_advantage_std
     )
@@ -308,6 +308,7 @@ def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
             progress=False,
             log=lambda _: None,
             shard=Shard(dist.rank(), dist.world_size(), dist.all_gather_object),
+            reward_workers=run.cfg.reward.workers,
         )
     metrics.update(flat_metrics(summary))
 

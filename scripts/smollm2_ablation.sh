@@ -23,7 +23,6 @@ KV_GB=${KV_GB:-6}
 BASE=${BASE:-checkpoints/smollm2-135m-instruct}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export MINISPARSE_REWARD_WORKERS=${MINISPARSE_REWARD_WORKERS:-1}
 mkdir -p "$ROOT"
 [ -n "${PACK:-}" ] && trap 'tar czf "$PACK" --exclude=checkpoints --exclude=tensorboard "$ROOT"' EXIT
 NAIVE="--set loss.use_tis=false --set loss.use_rs=false --set loss.normalize_weights=false"

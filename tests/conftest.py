@@ -31,3 +31,19 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"{SHARED_DATA} not present")
     return SHARED_DATA
+
+
+@pytest.fixture
+def grade_workers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The `workers` of every grade_batch call made during the test (grading still runs)."""
+    import minisparse.data.reward as reward
+
+    seen: list[int] = []
+    real = reward.grade_batch
+
+    def spy(responses, labels, **kwargs):
+        seen.append(kwargs["workers"])
+        return real(responses, labels, **kwargs)
+
+    monkeypatch.setattr(reward, "grade_batch", spy)
+    return seen

@@ -1,6 +1,7 @@
 """eval.py end to end on the tiny model (CPU): dense and RKV-compressed runs over made-up
 rows of two benchmarks, skip-finished / --overwrite, settings resolution, and the exit-2
 errors that must come before any model is loaded."""
+import dataclasses
 import importlib.util
 import json
 import textwrap
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from minisparse.config.schema import CompressConfig, EngineConfig
 from minisparse.data.benchmarks import PAPER_BENCHMARKS
 from minisparse.evaluation import protocol_for
 
@@ -180,9 +182,26 @@ def test_config_file_then_flags(tmp_path):
     assert protocol_for("amc23", ev) == (32, 16384)  # the training config's eval is not used
 
 
+def test_flags_are_the_schemas():
+    """Every config flag of eval.py is built from its key; left out, the config's value
+    (here the schema default) stays, and --set reaches keys without a flag."""
+    parser = eval_cli.build_parser()
+    dests = {a.dest for a in parser._actions}
+    assert set(eval_cli.RUN_KEYS) | set(eval_cli.EVAL_KEYS) <= dests
+    assert set(eval_cli.COMPRESS_KEYS) == {f"compress.{k}" for k in
+                                           dataclasses.asdict(CompressConfig())}
+    cfg, _ = resolve("--model", "m", "--set", "data.shuffle=false", "--set", "reward.workers=3")
+    assert cfg.compress == CompressConfig() and cfg.engine == EngineConfig()
+    assert cfg.data.shuffle is False and cfg.reward.workers == 3
+    cfg, _ = resolve("--model", "m", "--kernel-size", "5", "--no-share-prompt-cache")
+    assert cfg.compress.kernel_size == 5 and cfg.engine.share_prompt_cache is False
+
+
 def test_bad_flag_values_exit_2(capsys):
     assert eval_cli.main(["--output", "o", "--model", "m", "--compress", "rkv",
                           "--budget", "4", "--window", "8"]) == 2
     assert "compress.budget" in capsys.readouterr().err
     assert eval_cli.main(["--output", "o"]) == 2
     assert "--model" in capsys.readouterr().err
+    assert eval_cli.main(["--output", "o", "--model", "m", "--kernel-size", "4"]) == 2
+    assert "'compress.kernel_size' must be odd and >= 1, got 4" in capsys.readouterr().err

@@ -187,6 +187,13 @@ def test_truncation_and_protocol_override(tokenizer):
     assert m["mean_response_tokens"] <= 3
 
 
+def test_reward_workers_reach_the_grader(tokenizer, grade_workers):
+    summary = evaluate(ScriptedEngine(tokenizer, SCRIPT), tokenizer, _eval_cfg(),
+                       problems=PROBLEMS, progress=False, log=lambda s: None, reward_workers=3)
+    assert grade_workers == [3]
+    assert summary["benchmarks"]["math500"]["accuracy"] == pytest.approx(3 / 8)
+
+
 # ---------------------------------------------------------------- split over ranks
 
 

@@ -10,46 +10,34 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.config.schema import Algorithm, CompressConfig, GroupPooling, Pooling, Selection, choices
+from minisparse.config.schema import CompressConfig
 
 from .scoring import attention_importance, position_mask, redundancy, uses_triton
 
-POOLINGS = choices(Pooling)
-GROUP_POOLINGS = choices(GroupPooling)
-SELECTIONS = choices(Selection)
 DEFAULT_CHUNK_BYTES = 1 << 30
 
 
 class SnapKV:
-    """Keep the tokens the last `window` queries attend to most, plus those queries' own."""
+    """Keep the tokens the last `window` queries attend to most, plus those queries' own.
 
-    def __init__(
-        self,
-        budget: int = 512,
-        window: int = 8,
-        kernel_size: int = 7,
-        pooling: str = "max",
-        group_pooling: str = "max",
-        selection: str = "per_head",
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    ) -> None:
-        _check(window >= 1, "window", f"must be >= 1, got {window}")
-        _check(budget > window, "budget", f"must exceed window={window}, got {budget}")
-        _check(kernel_size >= 1 and kernel_size % 2 == 1, "kernel_size",
-               f"must be a positive odd number, got {kernel_size}")
-        _check(pooling in POOLINGS, "pooling", f"must be one of {POOLINGS}, got {pooling!r}")
-        _check(group_pooling in GROUP_POOLINGS, "group_pooling",
-               f"must be one of {GROUP_POOLINGS}, got {group_pooling!r}")
-        _check(selection in SELECTIONS, "selection",
-               f"must be one of {SELECTIONS}, got {selection!r}")
+    Its settings are a CompressConfig's (budget, window, kernel_size, pooling,
+    group_pooling, selection), checked where the config is loaded (validate_config).
+    chunk_bytes caps select_batch's scratch memory; it is the device's limit, not a setting.
+    """
+
+    def __init__(self, cfg: CompressConfig, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         _check(chunk_bytes > 0, "chunk_bytes", f"must be > 0, got {chunk_bytes}")
-        self.budget = budget
-        self.window = window
-        self.kernel_size = kernel_size
-        self.pooling = pooling
-        self.group_pooling = group_pooling
-        self.selection = selection
+        self.cfg = cfg
         self.chunk_bytes = chunk_bytes
+
+    # The engine sizes its KV pool and its compactions by these two.
+    @property
+    def budget(self) -> int:
+        return self.cfg.budget
+
+    @property
+    def window(self) -> int:
+        return self.cfg.window
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -129,8 +117,9 @@ class SnapKV:
         self, keys: torch.Tensor, queries: torch.Tensor, lengths: torch.Tensor
     ) -> torch.Tensor:
         """Eviction scores [B, H_kv, Lmax] (higher = keep); only positions < N_b are used."""
-        return attention_importance(keys, queries, lengths, self.kernel_size,
-                                    self.pooling, self.group_pooling)
+        c = self.cfg
+        return attention_importance(keys, queries, lengths, c.kernel_size, c.pooling,
+                                    c.group_pooling)
 
     def _select_rows(
         self, keys: torch.Tensor, queries: torch.Tensor, lengths: torch.Tensor
@@ -140,7 +129,7 @@ class SnapKV:
         scores = self._scores(keys, queries, lengths)
         older = position_mask(lengths - self.window, lmax)[:, None, :]
         scores = scores.masked_fill(~older, float("-inf"))
-        if self.selection == "per_layer":
+        if self.cfg.selection == "per_layer":
             scores = scores.sum(dim=1, keepdim=True)
         top = scores.topk(self.budget - self.window, dim=-1).indices.expand(rows, h_kv, -1)
         recent = torch.arange(self.window, device=keys.device) - self.window
@@ -181,35 +170,17 @@ class SnapKV:
 
 
 class RKV(SnapKV):
-    """R-KV: SnapKV's attention importance mixed with a penalty for redundant keys."""
-
-    def __init__(
-        self,
-        budget: int = 512,
-        window: int = 8,
-        kernel_size: int = 7,
-        mix_lambda: float = 0.1,
-        sim_threshold: float = 0.5,
-        pooling: str = "max",
-        group_pooling: str = "max",
-        selection: str = "per_head",
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    ) -> None:
-        super().__init__(budget, window, kernel_size, pooling, group_pooling, selection,
-                         chunk_bytes)
-        _check(0.0 <= mix_lambda <= 1.0, "mix_lambda", f"must be in [0, 1], got {mix_lambda}")
-        _check(-1.0 <= sim_threshold <= 1.0, "sim_threshold",
-               f"must be in [-1, 1], got {sim_threshold}")
-        self.mix_lambda = mix_lambda
-        self.sim_threshold = sim_threshold
+    """R-KV: SnapKV's attention importance mixed with a penalty for redundant keys
+    (a CompressConfig's mix_lambda and sim_threshold besides SnapKV's settings)."""
 
     def _scores(
         self, keys: torch.Tensor, queries: torch.Tensor, lengths: torch.Tensor
     ) -> torch.Tensor:
         """lambda * importance - (1 - lambda) * redundancy."""
         importance = super()._scores(keys, queries, lengths)
-        penalty = redundancy(keys, lengths, self.sim_threshold)
-        return self.mix_lambda * importance - (1.0 - self.mix_lambda) * penalty
+        penalty = redundancy(keys, lengths, self.cfg.sim_threshold)
+        mix = self.cfg.mix_lambda
+        return mix * importance - (1.0 - mix) * penalty
 
     def _scratch_bytes_per_row(self, keys: torch.Tensor, queries: torch.Tensor) -> int:
         """Adds R-KV's scratch: with the Triton kernels (CUDA) the unit keys in the input
@@ -226,19 +197,12 @@ class RKV(SnapKV):
         return super()._scratch_bytes_per_row(keys, queries) + extra
 
 
+POLICIES = {"snapkv": SnapKV, "rkv": RKV}  # by compress.algorithm, besides "none"
+
+
 def build_policy(cfg: CompressConfig) -> RKV | SnapKV | None:
     """The policy a config asks for; None when algorithm is "none" (dense rollouts)."""
-    common = dict(budget=cfg.budget, window=cfg.window, kernel_size=cfg.kernel_size,
-                  pooling=cfg.pooling, group_pooling=cfg.group_pooling,
-                  selection=cfg.selection)
-    algorithm = cfg.algorithm.lower()
-    if algorithm == "none":
-        return None
-    if algorithm == "snapkv":
-        return SnapKV(**common)
-    if algorithm == "rkv":
-        return RKV(mix_lambda=cfg.mix_lambda, sim_threshold=cfg.sim_threshold, **common)
-    raise ValueError(f"algorithm: must be one of {choices(Algorithm)}, got {cfg.algorithm!r}")
+    return None if cfg.algorithm == "none" else POLICIES[cfg.algorithm](cfg)
 
 
 def _check(ok: bool, name: str, message: str) -> None:

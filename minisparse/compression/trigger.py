@@ -17,14 +17,13 @@ divide_method "newline": due when cache_len > budget and the token just generate
   decodes to text containing a newline, or when cache_len >= budget + max_buffer (the
   hard cap; max_buffer None means 4 * divide_length).
 algorithm "none": never due.
+The settings come from a CompressConfig, checked where it is loaded (validate_config).
 """
 from __future__ import annotations
 
 import torch
 
-from minisparse.config.schema import CompressConfig, DivideMethod, choices
-
-DIVIDE_METHODS = choices(DivideMethod)
+from minisparse.config.schema import CompressConfig
 
 
 def max_buffer(cfg: CompressConfig) -> int:
@@ -37,7 +36,6 @@ def max_cache_tokens(cfg: CompressConfig) -> int | None:
     (before the compression that check triggers). None: unbounded (no compression).
     A prompt longer than this exceeds it only between its prefill and the first check.
     """
-    _check_config(cfg)
     if cfg.algorithm == "none":
         return None
     if cfg.divide_method == "step_length":
@@ -56,7 +54,6 @@ def compress_due(
     All three tensors have one entry per sequence; last_token_is_newline is bool (see
     newline_token_ids for building it with one lookup). The result is on their device.
     """
-    _check_config(cfg)
     if cfg.algorithm == "none":
         return torch.zeros_like(cache_len, dtype=torch.bool)
     over = cache_len > cfg.budget
@@ -83,13 +80,3 @@ def newline_token_ids(tokenizer) -> list[int]:
                                    clean_up_tokenization_spaces=False)
     return [i for i, text in zip(ids, texts) if "\n" in text]
 
-
-def _check_config(cfg: CompressConfig) -> None:
-    """Raise ValueError naming a trigger setting that cannot work."""
-    if cfg.divide_method not in DIVIDE_METHODS:
-        raise ValueError(f"divide_method: must be one of {DIVIDE_METHODS}, "
-                         f"got {cfg.divide_method!r}")
-    if cfg.divide_length < 1:
-        raise ValueError(f"divide_length: must be >= 1, got {cfg.divide_length}")
-    if cfg.divide_method == "newline" and max_buffer(cfg) < 1:
-        raise ValueError(f"max_buffer: must be >= 1, got {cfg.max_buffer}")

@@ -48,6 +48,27 @@ def choice_keys() -> dict[str, tuple[str, ...]]:
     return {k: typing.get_args(h) for k, h in _leaf_hints().items() if _is_choice(h)}
 
 
+def section_keys(section: str) -> list[str]:
+    """The dotted leaf keys of one section in the schema's order (every compress.* key)."""
+    return [key for key in _leaf_hints() if key.startswith(section + ".")]
+
+
+def leaf_type(key: str) -> Any:
+    """A leaf key's value type: int, float, bool, str, list[str] or a Literal (None and
+    range rules stripped)."""
+    return _split_optional(_leaf_hint(key))[0]
+
+
+def key_default(key: str) -> Any:
+    """A leaf key's default, read from its dataclass field."""
+    *sections, name = key.split(".")
+    cls: Any = Config
+    for section in sections:
+        cls = _hints(cls)[section]
+    spec = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+
+
 def range_rules() -> dict[str, Rule]:
     """Dotted key -> range Rule, for every number key whose type carries one."""
     rules = {}
@@ -210,7 +231,8 @@ def load_config(name_or_path: str | None = None, overrides: Sequence[str] = ()) 
     return cfg
 
 
-def _get(cfg: Config, key: str) -> Any:
+def config_value(cfg: Config, key: str) -> Any:
+    """The value of a dotted leaf key in cfg."""
     node: Any = cfg
     for part in key.split("."):
         node = getattr(node, part)
@@ -219,7 +241,7 @@ def _get(cfg: Config, key: str) -> Any:
 
 def _check_ranges(cfg: Config) -> None:
     for key, rule in range_rules().items():
-        value = _get(cfg, key)
+        value = config_value(cfg, key)
         if value is not None and not rule.ok(value):
             raise ConfigError(f"config key '{key}' must be {rule.text}, got {value}")
 
@@ -263,13 +285,10 @@ def _check_relations(cfg: Config) -> None:
         )
 
 
-ENUMS = choice_keys()  # the old name of this table
-
-
 def validate_config(cfg: Config) -> None:
     """Enums, ranges and cross-key rules; cheap, so train.py fails before loading a model."""
     for key, allowed in choice_keys().items():
-        value = _get(cfg, key)
+        value = config_value(cfg, key)
         if value not in allowed:
             raise ConfigError(
                 f"config key '{key}' must be one of {', '.join(allowed)}; got {value!r}"

@@ -2,9 +2,10 @@
 module share, so a key means the same thing in train.py, eval.py and the engine.
 
 Top-level keys are the slime-style run settings (num_rollout, rollout_batch_size, ...);
-sections group what belongs to one component (model, data, compress, engine, optim, loss,
-eval, log). Each field's type carries its allowed values (Literal) or range (Rule);
-load.py beside this reads, overrides and validates a Config; cli.py adds the CLI flags.
+sections group what belongs to one component (model, data, reward, compress, engine,
+optim, loss, eval, log). Each field's type carries its allowed values (Literal) or range
+(Rule), and HELP says what a key means where a command-line flag sets it; load.py beside
+this reads, overrides and validates a Config; cli.py builds the flags from all three.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ NonNegative = Annotated[float, Rule(">= 0", lambda v: v >= 0)]
 Fraction = Annotated[float, Rule("in [0, 1]", lambda v: 0 <= v <= 1)]
 Share = Annotated[float, Rule("in (0, 1]", lambda v: 0 < v <= 1)]
 Similarity = Annotated[float, Rule("in [-1, 1]", lambda v: -1 <= v <= 1)]
+OddCount = Annotated[int, Rule("odd and >= 1", lambda v: v >= 1 and v % 2 == 1)]
 TopK = Annotated[int, Rule("-1 (off) or >= 1", lambda v: v == -1 or v >= 1)]
 ZeroStage = Annotated[int, Rule("0, 1, 2 or 3", lambda v: v in (0, 1, 2, 3))]
 
@@ -89,6 +91,14 @@ class DataConfig:
 
 
 @dataclass
+class RewardConfig:
+    # Processes that grade a batch of responses, in training and evaluation (data/reward.py);
+    # 1: in this process, the default until the pool is checked again on the GPU image
+    # (docs/results.md). Batches under 64 responses are always graded in-process.
+    workers: Count = 1
+
+
+@dataclass
 class CompressConfig:
     algorithm: Algorithm = "none"
     budget: Count = 512
@@ -96,7 +106,7 @@ class CompressConfig:
     divide_method: DivideMethod = "step_length"
     divide_length: Count = 128
     max_buffer: Count | None = None  # newline trigger's hard cap; None -> 4 * divide_length
-    kernel_size: Count = 7
+    kernel_size: OddCount = 7
     pooling: Pooling = "max"
     group_pooling: GroupPooling = "max"
     mix_lambda: Fraction = 0.1
@@ -221,12 +231,72 @@ class Config:
     max_nonfinite_steps: NonNegativeInt = 3
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     compress: CompressConfig = field(default_factory=CompressConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+
+# What a key means, as the --help of the command-line flag that sets it says it (eval.py
+# and the engine bench take flags for these; config/cli.py adds the type, choices, range
+# and default from the field itself).
+HELP = {
+    "seed": "seed of the run's random numbers: sampling and data order",
+    "temperature": "rollout sampling temperature",
+    "top_p": "rollout nucleus sampling: the probability mass kept",
+    "top_k": "rollout top-k sampling: the most likely tokens kept",
+    "model.path": "HF checkpoint dir; tiny: a tiny random model built locally; or a shape "
+                  "name such as qwen2.5-3b for random weights",
+    "model.dtype": "weights' dtype",
+    "compress.algorithm": "KV-cache compression during generation: none (dense), rkv "
+                          "(R-KV) or snapkv",
+    "compress.budget": "KV tokens a sequence keeps after each compression",
+    "compress.window": "recent tokens whose queries score the cache; always kept",
+    "compress.divide_method": "when to compress: every divide-length generated tokens "
+                              "(step_length) or after a newline (newline)",
+    "compress.divide_length": "step_length: generated tokens between compressions",
+    "compress.max_buffer": "newline: tokens past the budget that force a compression; "
+                           "unset: 4 x divide-length",
+    "compress.kernel_size": "width of the pooling over token scores",
+    "compress.pooling": "pooling over token scores",
+    "compress.group_pooling": "how the query heads of a KV head combine their scores",
+    "compress.mix_lambda": "R-KV's weight of attention importance; 1 - lambda weighs "
+                           "redundancy",
+    "compress.sim_threshold": "R-KV: key cosine similarity above which a token counts as "
+                              "redundant",
+    "compress.selection": "per_head: each KV head keeps its own tokens; per_layer: one set "
+                          "per layer",
+    "engine.backend": "rollout engine; sglang (an embedded sglang.Engine) is dense only",
+    "engine.page_size": "tokens per KV-cache page",
+    "engine.kv_memory_gb": "KV pool size in GiB; 0: kv-memory-fraction decides",
+    "engine.kv_memory_fraction": "share of the free GPU memory that the KV pool (and the "
+                                 "fused weight copy) takes when kv-memory-gb is 0",
+    "engine.kv_cpu_memory_gb": "KV pool size in GiB on CPU",
+    "engine.max_num_seqs": "sequences decoded at once",
+    "engine.max_prefill_tokens": "tokens per prefill batch",
+    "engine.cuda_graphs": "replay decode steps from CUDA graphs",
+    "engine.fused_kernels": "run the forward's elementwise stages as the engine's Triton "
+                            "kernels on CUDA (off: PyTorch ops, the ablation)",
+    "engine.overlap_decode": "launch each decode step before reading the last one's tokens",
+    "engine.share_prompt_cache": "the n samples of a prompt prefill it once",
+    "eval.benchmarks": "comma-separated benchmark names; unset: the paper's seven (gsm8k, "
+                       "math500, minerva_math, olympiadbench, aime24, amc23, gaokao2023en)",
+    "eval.data_dir": "folder with NAME/test.jsonl per benchmark, see docs/eval.md",
+    "eval.limit": "problems of each benchmark, from the first; unset: all",
+    "eval.max_new_tokens": "new tokens per sample on every benchmark; unset: each "
+                           "benchmark's protocol value, 8192 or 16384 on aime24 and amc23",
+    "eval.temperature": "sampling temperature",
+    "eval.top_p": "nucleus sampling: the probability mass kept",
+    "eval.n_samples": "samples per problem on every benchmark; unset: each benchmark's "
+                      "protocol value, 1 or 32 on aime24 and amc23",
+    "eval.prompt_template": "boxed: question + instruction, no chat template; chat: the "
+                            "training set's system/user turn in the chat template; user: "
+                            "one user turn as data.path=synthetic renders it, for the "
+                            "arithmetic set",
+}
 
 
 class ConfigError(ValueError):

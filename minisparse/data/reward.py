@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import re
 import signal
 import threading
@@ -246,28 +245,20 @@ def _warm_up() -> None:
     _parsed.__wrapped__("1")
 
 
-def default_workers() -> int:
-    """MINISPARSE_REWARD_WORKERS, else 1 (in-process). Opt-in until the pool is checked
-    again on the GPU image, where it graded wrongly before _warm_up existed (0.345 pooled
-    against 0.516 in-process on scripts/bench_reward.py; docs/results.md)."""
-    return int(os.environ.get("MINISPARSE_REWARD_WORKERS", "1"))
-
-
 def _grade_all(pairs: list[tuple[str, str]], timeout_s: float) -> list[Grade]:
     return [grade(r, l, timeout_s) for r, l in pairs]
 
 
 def grade_batch(responses: Sequence[str], labels: Sequence[str],
                 timeout_s: float = DEFAULT_TIMEOUT_S,
-                workers: int | None = None) -> tuple[list[Grade], dict[str, float]]:
+                workers: int = 1) -> tuple[list[Grade], dict[str, float]]:
     """Grades plus stats for logging: accuracy, timeouts, responses with no answer.
-    Batches of POOL_MIN_BATCH or more are split over `workers` processes (None: the
-    default_workers(); 1: in this process), in order."""
+    Batches of POOL_MIN_BATCH or more are split over `workers` processes (the config's
+    reward.workers; 1: in this process), in order."""
     if len(responses) != len(labels):
         raise ValueError(f"{len(responses)} responses but {len(labels)} labels")
     start = time.perf_counter()
     pairs = list(zip(responses, labels))
-    workers = default_workers() if workers is None else workers
     if workers > 1 and len(pairs) >= POOL_MIN_BATCH:
         chunks = [pairs[i::workers] for i in range(workers)]  # interleaved: similar loads
         parts = list(_grade_pool(workers).map(_grade_all, chunks, [timeout_s] * workers))

@@ -95,12 +95,13 @@ def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dic
     return metrics
 
 
-def score_batch(batch: RolloutBatch, tokenizer) -> dict:
-    """Decode responses and grade them with minisparse.data.reward; fills batch.rewards and
-    returns the grader's stats (accuracy, timeouts, no_answer, grade_s)."""
+def score_batch(batch: RolloutBatch, tokenizer, workers: int = 1) -> dict:
+    """Decode responses and grade them with minisparse.data.reward in `workers` processes
+    (reward.workers); fills batch.rewards and returns the grader's stats (accuracy,
+    timeouts, no_answer, grade_s)."""
     from minisparse.data.reward import grade_batch
 
     texts = tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
-    grades, stats = grade_batch(texts, batch.labels)
+    grades, stats = grade_batch(texts, batch.labels, workers=workers)
     batch.rewards = torch.tensor([g.score for g in grades], dtype=torch.float32)
     return dict(stats)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.compression import RKV, SnapKV
+from minisparse.compression import RKV, SnapKV, build_policy
+from minisparse.config.schema import CompressConfig
 
 
 def make_inputs(h_kv: int, group: int, length: int, window: int, dim: int = 16,
@@ -25,6 +26,6 @@ def make_inputs(h_kv: int, group: int, length: int, window: int, dim: int = 16,
     return keys.to(dtype), queries.to(dtype)
 
 
-def make_policy(algorithm: str, **kwargs) -> SnapKV:
-    """RKV or SnapKV by name, with the given keyword arguments."""
-    return RKV(**kwargs) if algorithm == "rkv" else SnapKV(**kwargs)
+def make_policy(algorithm: str, **settings) -> RKV | SnapKV:
+    """RKV or SnapKV by name, built from a CompressConfig with these settings."""
+    return build_policy(CompressConfig(algorithm=algorithm, **settings))

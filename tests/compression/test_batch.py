@@ -1,12 +1,13 @@
 """select_batch(): row-by-row equality with select(), padding isolation, chunking; the
-parameter checks and build_policy."""
+shape checks and build_policy (the settings' checks are the config's: tests/config)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from minisparse.compression import RKV, SnapKV, build_policy
-from minisparse.config.schema import CompressConfig
+from minisparse.compression.policy import POLICIES
+from minisparse.config.schema import Algorithm, CompressConfig, choices
 
 from . import reference
 from .helpers import make_inputs, make_policy
@@ -52,12 +53,13 @@ def test_batch_equals_rows(algorithm, selection, pooling, fill):
 def test_chunking_does_not_change_results():
     lengths = [BUDGET + 3, 2 * BUDGET, 3 * BUDGET, BUDGET + 9, 2 * BUDGET + 1]
     keys, queries, _ = padded_batch(lengths, 2, 2, 0.0, lmax=3 * BUDGET)
-    policy = RKV(budget=BUDGET, window=WINDOW, pooling="avg")
+    cfg = CompressConfig(algorithm="rkv", budget=BUDGET, window=WINDOW, pooling="avg")
+    policy = RKV(cfg)
     lengths = torch.tensor(lengths)
     whole = policy.select_batch(keys, queries, lengths)
     assert policy.rows_per_chunk(keys, queries, chunk_bytes=1) == 1
     assert policy.rows_per_chunk(keys, queries) >= len(lengths)
-    small = RKV(budget=BUDGET, window=WINDOW, pooling="avg", chunk_bytes=1)
+    small = RKV(cfg, chunk_bytes=1)
     # Chunks run the same float32 arithmetic on other batch shapes: the same picks up to
     # near-ties within float32 rounding of the scores (1e-6, as above).
     for chunked in (policy.select_batch(keys, queries, lengths, chunk_bytes=1),
@@ -72,15 +74,15 @@ def test_chunk_size_follows_similarity_memory():
     keys = torch.zeros(1, 2, 640, 128, dtype=torch.bfloat16)
     queries = torch.zeros(1, 16, 8, 128, dtype=torch.bfloat16)
     cap = 1 << 30
-    rkv_rows = RKV().rows_per_chunk(keys, queries, cap)
+    rkv_rows = RKV(CompressConfig()).rows_per_chunk(keys, queries, cap)
     assert rkv_rows * 2 * 640 * 640 * 2 <= cap  # bf16 similarity entries alone fit
-    assert SnapKV().rows_per_chunk(keys, queries, cap) > rkv_rows
+    assert SnapKV(CompressConfig()).rows_per_chunk(keys, queries, cap) > rkv_rows
 
 
 def test_empty_batch():
     keys, queries = torch.zeros(0, 2, 40, 16), torch.zeros(0, 4, WINDOW, 16)
-    kept = RKV(budget=BUDGET, window=WINDOW).select_batch(keys, queries,
-                                                          torch.zeros(0, dtype=torch.long))
+    kept = make_policy("rkv", budget=BUDGET, window=WINDOW).select_batch(
+        keys, queries, torch.zeros(0, dtype=torch.long))
     assert kept.shape == (0, 2, BUDGET)
 
 
@@ -89,21 +91,9 @@ def _batch_args(lengths=(30, 40), lmax=40, h_kv=2, h_q=4, window=WINDOW, dim=16)
             torch.zeros(len(lengths), h_q, window, dim), torch.tensor(lengths))
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    (dict(budget=4, window=4), "budget"),
-    (dict(budget=8, window=0), "window"),
-    (dict(kernel_size=4), "kernel_size"),
-    (dict(kernel_size=0), "kernel_size"),
-    (dict(pooling="mean"), "pooling"),
-    (dict(group_pooling="avg"), "group_pooling"),
-    (dict(selection="global"), "selection"),
-    (dict(chunk_bytes=0), "chunk_bytes"),
-    (dict(mix_lambda=1.5), "mix_lambda"),
-    (dict(sim_threshold=2.0), "sim_threshold"),
-])
-def test_bad_parameters(kwargs, name):
-    with pytest.raises(ValueError, match=f"^{name}:"):
-        RKV(**kwargs)
+def test_bad_chunk_bytes():
+    with pytest.raises(ValueError, match="^chunk_bytes:"):
+        RKV(CompressConfig(), chunk_bytes=0)
 
 
 @pytest.mark.parametrize("args,name", [
@@ -122,11 +112,11 @@ def test_bad_parameters(kwargs, name):
 ])
 def test_bad_batch_shapes(args, name):
     with pytest.raises(ValueError, match=f"^{name}:"):
-        RKV(budget=BUDGET, window=WINDOW).select_batch(*args)
+        make_policy("rkv", budget=BUDGET, window=WINDOW).select_batch(*args)
 
 
 def test_bad_single_shapes():
-    policy = SnapKV(budget=BUDGET, window=WINDOW)
+    policy = make_policy("snapkv", budget=BUDGET, window=WINDOW)
     with pytest.raises(ValueError, match="^keys:"):
         policy.select(torch.zeros(1, 2, 40, 16), torch.zeros(4, WINDOW, 16))
     with pytest.raises(ValueError, match="^queries:"):
@@ -135,17 +125,27 @@ def test_bad_single_shapes():
 
 def test_build_policy():
     assert build_policy(CompressConfig(algorithm="none")) is None
-    cfg = CompressConfig(algorithm="rkv", budget=64, window=4, kernel_size=5, pooling="avg",
-                         group_pooling="mean", mix_lambda=0.3, sim_threshold=0.7,
-                         selection="per_layer")
-    rkv = build_policy(cfg)
-    assert type(rkv) is RKV
-    assert (rkv.budget, rkv.window, rkv.kernel_size, rkv.pooling, rkv.group_pooling,
-            rkv.mix_lambda, rkv.sim_threshold, rkv.selection) == (
-        64, 4, 5, "avg", "mean", 0.3, 0.7, "per_layer")
-    snap = build_policy(CompressConfig(algorithm="snapkv", budget=32))
-    assert type(snap) is SnapKV and snap.budget == 32
-    with pytest.raises(ValueError, match="^algorithm:"):
-        build_policy(CompressConfig(algorithm="h2o"))
-    with pytest.raises(ValueError, match="^budget:"):
-        build_policy(CompressConfig(algorithm="rkv", budget=8, window=8))
+    assert type(build_policy(CompressConfig(algorithm="rkv"))) is RKV
+    assert type(build_policy(CompressConfig(algorithm="snapkv"))) is SnapKV
+    assert {"none", *POLICIES} == set(choices(Algorithm))  # a policy per algorithm
+
+
+@pytest.mark.parametrize("algorithm", ["rkv", "snapkv"])
+def test_policy_uses_its_config(algorithm):
+    """Every setting of the CompressConfig reaches the selection: the scores equal the
+    reference's with these values (none of them the defaults), and the kept positions are
+    `budget` per layer (per_layer: the same for every head), the last `window` included."""
+    cfg = CompressConfig(algorithm=algorithm, budget=20, window=3, kernel_size=5,
+                         pooling="avg", group_pooling="mean", mix_lambda=0.3,
+                         sim_threshold=0.2, selection="per_layer")
+    keys, queries = make_inputs(2, 2, 50, 3, seed=5, dtype=torch.float64)
+    policy = build_policy(cfg)
+    ref = reference.scores(keys, queries, algorithm, kernel_size=5, pooling="avg",
+                           group_pooling="mean", mix_lambda=0.3, sim_threshold=0.2)
+    torch.testing.assert_close(policy.score(keys, queries), ref, rtol=1e-9, atol=1e-12)
+    default = reference.scores(keys, queries, algorithm)
+    assert not torch.allclose(ref, default)  # the settings change the scores
+    kept = policy.select(keys, queries)
+    assert kept.shape == (2, 20) and (kept[0] == kept[1]).all()
+    assert kept[0, -3:].tolist() == [47, 48, 49]
+    reference.check_selection(kept, ref, 50, 20, 3, "per_layer", 1e-9)

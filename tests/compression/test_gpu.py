@@ -11,10 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisparse.compression import RKV, SnapKV
+from minisparse.compression import RKV
+from minisparse.config.schema import CompressConfig
 
 from . import reference
-from .helpers import make_inputs
+from .helpers import make_inputs, make_policy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -37,11 +38,11 @@ def qwen_like_batch(rows: int, dtype: torch.dtype, seed: int = 0):
 
 
 POLICIES = {
-    "rkv-per_head": RKV(budget=BUDGET, window=WINDOW),
-    "rkv-per_layer": RKV(budget=BUDGET, window=WINDOW, selection="per_layer"),
-    "snapkv-per_head": SnapKV(budget=BUDGET, window=WINDOW),
-    "snapkv-avg-mean": SnapKV(budget=BUDGET, window=WINDOW, pooling="avg",
-                              group_pooling="mean"),
+    "rkv-per_head": make_policy("rkv", budget=BUDGET, window=WINDOW),
+    "rkv-per_layer": make_policy("rkv", budget=BUDGET, window=WINDOW, selection="per_layer"),
+    "snapkv-per_head": make_policy("snapkv", budget=BUDGET, window=WINDOW),
+    "snapkv-avg-mean": make_policy("snapkv", budget=BUDGET, window=WINDOW, pooling="avg",
+                                   group_pooling="mean"),
 }
 
 
@@ -61,7 +62,7 @@ def test_gpu_batch_matches_cpu_rows(name, dtype):
         rel = 1e-4 if dtype == torch.float32 else 0.05
         atol = rel * float(exact.abs().mean())
         worst = max(worst, reference.check_selection(
-            gpu[b], exact, n, BUDGET, WINDOW, policy.selection, atol) / atol)
+            gpu[b], exact, n, BUDGET, WINDOW, policy.cfg.selection, atol) / atol)
     # Exact index agreement is reported, not asserted: on max-pooling plateaus that
     # straddle the cut, CPU and GPU topk may break ties differently, both correctly.
     rate = same / (len(lengths) * H_KV)
@@ -80,7 +81,8 @@ def test_gpu_chunk_memory_stays_under_cap():
     queries = queries.to("cuda", torch.bfloat16)
     lengths = torch.full((rows,), lmax, device="cuda")
     cap = 256 << 20
-    policy = RKV(budget=BUDGET, window=WINDOW, pooling="avg", chunk_bytes=cap)
+    cfg = CompressConfig(algorithm="rkv", budget=BUDGET, window=WINDOW, pooling="avg")
+    policy = RKV(cfg, chunk_bytes=cap)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()

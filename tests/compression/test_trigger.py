@@ -1,5 +1,5 @@
 """Triggers: simulated generation checks the cache bound and the per-sequence schedule;
-newline_token_ids on tokenizers built in-process."""
+newline_token_ids on tokenizers built in-process (the settings' checks: tests/config)."""
 from __future__ import annotations
 
 import pytest
@@ -97,18 +97,6 @@ def test_never(cfg):
     cache = torch.tensor([10_000, 600])
     due = compress_due(cache, cache, torch.tensor([True, True]), cfg)
     assert due.tolist() == [False, False] and max_cache_tokens(cfg) is None
-
-
-@pytest.mark.parametrize("cfg,name", [
-    (CompressConfig(algorithm="rkv", divide_method="paragraph"), "divide_method"),
-    (CompressConfig(algorithm="rkv", divide_method="none"), "divide_method"),  # as the config
-    (CompressConfig(algorithm="rkv", divide_length=0), "divide_length"),
-    (CompressConfig(algorithm="rkv", divide_method="newline", max_buffer=0), "max_buffer"),
-])
-def test_bad_trigger_config(cfg, name):
-    zeros = torch.zeros(2, dtype=torch.long)
-    with pytest.raises(ValueError, match=f"^{name}:"):
-        compress_due(zeros, zeros, zeros.bool(), cfg)
 
 
 def _wrap(vocab: dict[str, int], byte_level: bool) -> PreTrainedTokenizerFast:

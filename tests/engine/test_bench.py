@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from minisparse.engine.bench.run import main, median_run, parse_args, run, warmup_tokens
+from minisparse.config.schema import CompressConfig, Config
+from minisparse.engine.bench.run import (bench_config, main, median_run, parse_args, run,
+                                         run_settings, warmup_tokens)
 
 
 def test_median_run_picks_the_middle_tokens_per_s():
@@ -18,7 +20,7 @@ def test_median_run_picks_the_middle_tokens_per_s():
 def test_bench_writes_median_of_repeats(tmp_path, tiny_path):
     path = tmp_path / "bench.json"
     args = parse_args(["--model", str(tiny_path), "--device", "cpu", "--dtype", "float32",
-                       "--batch", "3", "--prompt-len", "12", "--max-new", "20",
+                       "--batch", "3", "--prompt-len", "12", "--max-new-tokens", "20",
                        "--compress", "rkv", "--budget", "16", "--divide-length", "4",
                        "--repeats", "3", "--warmup", "4", "--json", str(path)])
     result = run(args)
@@ -55,11 +57,46 @@ def test_warmup_runs_two_compression_events_per_sequence(tiny_path, prompt_len):
     assert engine.last_stats.compressions >= 2 * 3
 
 
-def test_old_flag_spellings_stay_aliases():
-    new = parse_args(["--max-new-tokens", "7", "--kv-memory-fraction", "0.3"])
-    old = parse_args(["--max-new", "7", "--kv-fraction", "0.3"])
-    assert vars(new) == vars(old)
-    assert (new.max_new_tokens, new.kv_memory_fraction) == (7, 0.3)
+def test_config_flags_come_from_the_schema():
+    """Left out, every config flag keeps the schema's default; given, it overrides its key."""
+    assert bench_config(parse_args([])) == Config()
+    args = parse_args(["--compress", "snapkv", "--budget", "64", "--kernel-size", "3",
+                       "--pooling", "avg", "--kv-memory-fraction", "0.3", "--no-overlap",
+                       "--top-k", "5", "--model", "m"])
+    cfg = bench_config(args)
+    assert (cfg.compress.algorithm, cfg.compress.budget, cfg.compress.kernel_size) == (
+        "snapkv", 64, 3)
+    assert (cfg.compress.pooling, cfg.engine.kv_memory_fraction) == ("avg", 0.3)
+    assert cfg.engine.overlap_decode is False and cfg.engine.cuda_graphs is True
+    assert (cfg.top_k, cfg.model.path) == (5, "m")
+    settings = run_settings(args, cfg)
+    assert settings["compress.budget"] == 64 and settings["engine.page_size"] == 16
+    assert settings["batch"] == 64 and "json" not in settings
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--compress", "rkv", "--budget", "8", "--window", "8"], "'compress.budget' (8) must be >"),
+    (["--kernel-size", "4"], "'compress.kernel_size' must be odd and >= 1, got 4"),
+    (["--kv-memory-fraction", "1.5"], "'engine.kv_memory_fraction' must be in (0, 1]"),
+    (["--pooling", "mean"], "argument --pooling: invalid choice: 'mean'"),
+])
+def test_bad_config_flags_exit_2_naming_the_key(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_names_the_command_and_shows_defaults(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("usage: python -m minisparse.engine.bench ")
+    assert "--budget BUDGET KV tokens a sequence keeps after each compression (>= 1; " \
+           f"default: {CompressConfig().budget})" in out
+    assert "--batch BATCH number of prompts (default: 64)" in out
+    for old in ("--max-new ", "--kv-fraction", "--n "):
+        assert old not in out
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang installed")

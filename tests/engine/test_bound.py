@@ -101,7 +101,8 @@ def test_compressed_caches_shrink_the_recorded_reads(qwen2):
 def test_bench_json_has_bound_fields(tmp_path, tiny_path):
     path = tmp_path / "bench.json"
     args = parse_args(["--model", str(tiny_path), "--device", "cpu", "--dtype", "float32",
-                       "--batch", "2", "--prompt-len", "8", "--max-new", "6", "--repeats", "1",
+                       "--batch", "2", "--prompt-len", "8", "--max-new-tokens", "6",
+                       "--repeats", "1",
                        "--warmup", "0", "--copy-gbs", "50", "--json", str(path)])
     run(args)
     saved = json.loads(path.read_text())

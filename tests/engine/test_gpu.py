@@ -215,8 +215,9 @@ def test_fraction_sized_pool_and_bench(tmp_path):
 
     path = tmp_path / "bench.json"
     result = run(parse_args(["--model", "tiny", "--device", "cuda", "--batch", "16",
-                             "--prompt-len", "64", "--max-new", "128", "--compress", "rkv",
-                             "--budget", "64", "--divide-length", "32", "--kv-fraction", "0.1",
+                             "--prompt-len", "64", "--max-new-tokens", "128", "--compress", "rkv",
+                             "--budget", "64", "--divide-length", "32",
+                             "--kv-memory-fraction", "0.1",
                              "--json", str(path)]))
     saved = json.loads(path.read_text())
     for key in ("tokens_per_s", "generated_tokens", "wall_s", "peak_kv_tokens",

@@ -1,13 +1,16 @@
-"""Rollout throughput benchmark: `python -m minisparse.engine.bench --model qwen2.5-3b
---device cuda --batch 256 --prompt-len 256 --max-new-tokens 2048 --compress rkv --budget 512`.
+"""Rollout throughput benchmark: tokens/s of the rollout engine on random prompts, against
+SGLang's on the same workload with --backend both.
 
-Random seeded prompts, EOS ignored so every sequence runs to --max-new-tokens. Prints one summary
-line per timed run (after an untimed warm-up) and writes the median run's numbers, plus
-every run's, to --json. `--backend sglang` runs the same workload through the embedded
-SGLang engine (dense only); `--backend both` runs native then SGLang in one process and
-prints the native/SGLang throughput ratio. With --compress, `both` runs the native engine
-compressed and SGLang dense (it has no compressed cache): the ratio is then what sparse
-rollouts gain over the dense reference on the same prompts and lengths.
+    python -m minisparse.engine.bench --model qwen2.5-3b --device cuda --batch 256 \
+        --prompt-len 256 --max-new-tokens 2048 --compress rkv --budget 512
+
+Random seeded prompts, EOS ignored so every sequence runs to --max-new-tokens. Prints one
+summary line per timed run (after an untimed warm-up) and writes the median run's numbers,
+plus every run's, to --json. `--backend sglang` runs the same workload through the
+embedded SGLang engine (dense only); `--backend both` runs native then SGLang in one
+process and prints the native/SGLang throughput ratio. With --compress, `both` runs the
+native engine compressed and SGLang dense (it has no compressed cache): the ratio is then
+what sparse rollouts gain over the dense reference on the same prompts and lengths.
 """
 from __future__ import annotations
 
@@ -20,62 +23,65 @@ import time
 import torch
 
 from minisparse.compression import max_cache_tokens
-from minisparse.config.schema import Algorithm, Backend, CompressConfig, Dtype, EngineConfig, choices
+from minisparse.config.cli import ENGINE_KEYS, HelpFormatter, add_config_flags, config_overrides
+from minisparse.config.load import config_value, load_config, section_keys
+from minisparse.config.schema import Backend, CompressConfig, Config, ConfigError, Dtype, choices
 from minisparse.engine import GenerateStats, LLMEngine, SamplingParams
 from minisparse.engine.bench.bound import (copy_bandwidth, decode_bound, decode_roofline,
                                      kv_bytes_per_token, matmul_throughput,
                                      weight_bytes_per_step)
 
+# Config keys with a flag; the run's Config is the schema's defaults with the given ones.
+CONFIG_KEYS = ("model.path", "temperature", "top_p", "top_k", *section_keys("compress"),
+               *ENGINE_KEYS)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    c, e = CompressConfig(), EngineConfig()  # the defaults the run config has
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="tiny", help="HF dir, 'tiny', or a shape name")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--backend", default="native", choices=[*choices(Backend), "both"])
+    """The bench's own flags, then one per CONFIG_KEYS key; a bad value exits 2 naming it."""
+    doc = __doc__.split("\n\n")
+    p = argparse.ArgumentParser(prog="python -m minisparse.engine.bench", description=doc[0],
+                                epilog=" ".join(doc[2:]), formatter_class=HelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where the model and the KV cache live (default here: %(default)s; "
+                        "cuda where available)")
+    p.add_argument("--backend", default="native", choices=[*choices(Backend), "both"],
+                   help="rollout engine; both: native, then SGLang dense, and their ratio")
     p.add_argument("--dtype", default=None, choices=choices(Dtype),
-                   help="default: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--batch", type=int, default=64, help="number of prompts")
-    p.add_argument("--samples-per-prompt", "--n", type=int, default=1,
+                   help="weights' dtype; default: bfloat16 on cuda, float32 on cpu")
+    g = p.add_argument_group("workload")
+    g.add_argument("--batch", type=int, default=64, help="number of prompts")
+    g.add_argument("--samples-per-prompt", type=int, default=1,
                    help="samples per prompt (GRPO's n): sequences = batch x n")
-    p.add_argument("--no-share-prompt-cache", action="store_true",
-                   help="prefill every sample's prompt itself (the ablation of "
-                        "engine.share_prompt_cache)")
-    p.add_argument("--prompt-len", type=int, default=256)
-    # --max-new and --kv-fraction: the old spellings (eval.py spells them as here)
-    p.add_argument("--max-new-tokens", "--max-new", type=int, default=512)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--compress", default=c.algorithm, choices=choices(Algorithm))
-    p.add_argument("--budget", type=int, default=c.budget)
-    p.add_argument("--window", type=int, default=c.window)
-    p.add_argument("--divide-length", type=int, default=c.divide_length)
-    p.add_argument("--page-size", type=int, default=e.page_size)
-    p.add_argument("--kv-memory-gb", type=float, default=e.kv_memory_gb)
-    p.add_argument("--kv-memory-fraction", "--kv-fraction", type=float,
-                   default=e.kv_memory_fraction)
-    p.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs)
-    p.add_argument("--max-prefill-tokens", type=int, default=e.max_prefill_tokens)
-    p.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
-    p.add_argument("--no-fused-kernels", action="store_true",
-                   help="the forward's elementwise stages as PyTorch ops (the ablation of "
-                        "engine.fused_kernels)")
-    p.add_argument("--no-overlap", action="store_true",
-                   help="read each decode step's tokens before launching the next")
-    p.add_argument("--repeats", type=int, default=1,
+    g.add_argument("--prompt-len", type=int, default=256, help="tokens per prompt")
+    g.add_argument("--max-new-tokens", type=int, default=512,
+                   help="tokens every sequence generates (EOS is ignored)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the prompts and the sampling")
+    g = p.add_argument_group("timing and output")
+    g.add_argument("--repeats", type=int, default=1,
                    help="timed runs; the JSON's top-level numbers are the median run's")
-    p.add_argument("--warmup", type=int, default=32,
+    g.add_argument("--warmup", type=int, default=32,
                    help="new tokens of an untimed first run (0: none)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--copy-gbs", type=float, default=0.0,
+    g.add_argument("--copy-gbs", type=float, default=0.0,
                    help="copy bandwidth (GB/s, read + written) for the bound; 0: measure "
                         "on CUDA, no bound on CPU")
-    p.add_argument("--matmul-tflops", type=float, default=0.0,
+    g.add_argument("--matmul-tflops", type=float, default=0.0,
                    help="bf16 GEMM throughput (TFLOP/s) for the roofline; 0: measure on "
                         "CUDA, no roofline on CPU")
-    p.add_argument("--json", default=None, help="write the results here")
-    return p.parse_args(argv)
+    g.add_argument("--json", default=None, help="write the results here")
+    add_config_flags(p.add_argument_group(
+        "model, sampling, compression and engine settings",
+        "the run config's keys; flags left out keep the default shown"), CONFIG_KEYS)
+    args = p.parse_args(argv)
+    try:
+        bench_config(args)
+    except ConfigError as exc:
+        p.error(str(exc))
+    return args
+
+
+def bench_config(args: argparse.Namespace) -> Config:
+    """The schema's defaults with the given config flags, checked like any config."""
+    return load_config(None, config_overrides(args, CONFIG_KEYS))
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -88,17 +94,11 @@ def build(args: argparse.Namespace, backend: str = "native"):
     """(engine, prompts, params, dtype) for the bench workload described by args."""
     from minisparse.models.loading import load_policy
 
+    cfg = bench_config(args)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    model, tokenizer = load_policy(args.model, dtype, args.device)
+    model, tokenizer = load_policy(cfg.model.path, dtype, args.device)
     model.eval()
-    compress = CompressConfig(algorithm=args.compress, budget=args.budget, window=args.window,
-                              divide_length=args.divide_length)
-    engine_cfg = EngineConfig(
-        page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
-        kv_memory_fraction=args.kv_memory_fraction, max_num_seqs=args.max_num_seqs,
-        max_prefill_tokens=args.max_prefill_tokens, cuda_graphs=not args.no_cuda_graphs,
-        fused_kernels=not args.no_fused_kernels,
-        overlap_decode=not args.no_overlap, share_prompt_cache=not args.no_share_prompt_cache)
+    compress, engine_cfg = cfg.compress, cfg.engine
     if backend == "sglang":
         from minisparse.engine.sglang_backend import SGLangBackend
 
@@ -110,10 +110,9 @@ def build(args: argparse.Namespace, backend: str = "native"):
     else:
         engine = LLMEngine(model, tokenizer, engine_cfg, compress, args.device)
     prompts = random_prompts(args.batch, args.prompt_len, model.config.vocab_size, args.seed)
-    params = SamplingParams(n=args.samples_per_prompt, temperature=args.temperature,
-                            top_p=args.top_p, top_k=args.top_k,
-                            max_new_tokens=args.max_new_tokens, seed=args.seed, ignore_eos=True)
-    return engine, prompts, params, dtype
+    params = SamplingParams.from_config(cfg, args.samples_per_prompt, args.max_new_tokens,
+                                        args.seed)
+    return engine, prompts, dataclasses.replace(params, ignore_eos=True), dtype
 
 
 def warmup_tokens(args: argparse.Namespace) -> int:
@@ -123,12 +122,11 @@ def warmup_tokens(args: argparse.Namespace) -> int:
     512/128 after a 160-token prompt), later ones caches at the cap (640), and Triton
     compiles its kernels again for the new lengths (~1.1 s on an H200, seen in every
     first timed run while the warm-up stopped after one event)."""
-    bound = max_cache_tokens(CompressConfig(algorithm=args.compress, budget=args.budget,
-                                            window=args.window,
-                                            divide_length=args.divide_length))
+    compress = bench_config(args).compress
+    bound = max_cache_tokens(compress)
     if not args.warmup or bound is None:
         return args.warmup
-    return max(args.warmup, 2 * bound - args.budget - args.prompt_len + 2)
+    return max(args.warmup, 2 * bound - compress.budget - args.prompt_len + 2)
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -150,7 +148,8 @@ def run(args: argparse.Namespace) -> dict:
     else:
         native, sglang = run_backend(args, "native"), run_backend(args, "sglang")
         ratio = native["tokens_per_s"] / max(sglang["tokens_per_s"], 1e-9)
-        print(f"[bench] native ({args.compress}) {native['tokens_per_s']:.0f} tok/s, sglang "
+        algorithm = bench_config(args).compress.algorithm
+        print(f"[bench] native ({algorithm}) {native['tokens_per_s']:.0f} tok/s, sglang "
               f"(dense) {sglang['tokens_per_s']:.0f} tok/s: native/sglang = {ratio:.3f}",
               flush=True)
         result = dict(native=native, sglang=sglang, native_over_sglang=ratio)
@@ -163,6 +162,7 @@ def run(args: argparse.Namespace) -> dict:
 def run_backend(args: argparse.Namespace, backend: str) -> dict:
     """Warm-up and timed repeats on one backend; its GPU memory is given back after."""
     engine, prompts, params, dtype = build(args, backend)
+    cfg = bench_config(args)
     model = engine.lm.model if backend == "native" else None
     if args.warmup:  # graph capture and kernel compilation stay out of the timed runs
         engine.generate(prompts, dataclasses.replace(params, max_new_tokens=warmup_tokens(args)))
@@ -198,9 +198,10 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
                   f"wall, {p['compress_events']} events), prefill {p['prefill_s']:.2f}s "
                   f"({p['prefill_tokens']} tokens, {p['shared_prompt_tokens']} shared); "
                   f"host-bound rest {p['host_s']:.2f}s", flush=True)
-        algorithm = "none" if backend == "sglang" else args.compress  # SGLang runs dense
-        print(f"[bench {r + 1}/{args.repeats}] {backend} model={args.model} compress={algorithm} "
-              f"batch={args.batch}x{args.samples_per_prompt} prompt={args.prompt_len} new={args.max_new_tokens}: "
+        algorithm = "none" if backend == "sglang" else cfg.compress.algorithm  # SGLang: dense
+        print(f"[bench {r + 1}/{args.repeats}] {backend} model={cfg.model.path} "
+              f"compress={algorithm} batch={args.batch}x{args.samples_per_prompt} "
+              f"prompt={args.prompt_len} new={args.max_new_tokens}: "
               f"{s.tokens_per_s:.0f} tok/s, {s.generated_tokens} tok in {s.wall_s:.2f}s, "
               f"peak kv {s.peak_kv_tokens} tok (per seq {runs[-1]['peak_kv_tokens_per_seq']}, "
               f"{s.peak_pages_used} pages), "
@@ -219,7 +220,7 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
                   fused_weights_gb=lm.fused_bytes / 2**30 if lm is not None else 0.0,
                   pool_pages=pool.num_pages if pool else 0,
                   pool_tokens=pool.num_pages * pool.page_size if pool else 0,
-                  config={k: v for k, v in vars(args).items() if k != "json"} | {"dtype": dtype},
+                  config=run_settings(args, cfg) | {"dtype": dtype},
                   time=time.strftime("%Y-%m-%dT%H:%M:%S"))
     if backend == "sglang":
         engine.shutdown()
@@ -229,6 +230,13 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     return result
+
+
+def run_settings(args: argparse.Namespace, cfg: Config) -> dict:
+    """What the JSON records of the run: the bench's own flags and every config key that
+    has a flag, given or not."""
+    own = {k: v for k, v in vars(args).items() if k != "json" and k not in CONFIG_KEYS}
+    return own | {key: config_value(cfg, key) for key in CONFIG_KEYS}
 
 
 def phase_split(s: GenerateStats) -> dict:

@@ -1,0 +1,24 @@
+"""score_batch: rewards from the grader, in the number of processes the config asks for."""
+import torch
+
+from minisparse.grpo.rollout import RolloutBatch, score_batch
+
+
+class CharTokenizer:
+    """Token ids are character codes."""
+
+    def batch_decode(self, ids, skip_special_tokens=True):
+        return ["".join(map(chr, row)) for row in ids]
+
+
+def test_score_batch_grades_with_the_workers_given(grade_workers):
+    texts = ["\\boxed{2}", "\\boxed{3}", "no answer"]
+    batch = RolloutBatch(
+        prompts=[[1]] * 3, responses=[list(map(ord, t)) for t in texts], labels=["2"] * 3,
+        finish_reasons=["stop"] * 3, rollout_logp=torch.zeros(3, 9),
+        response_mask=torch.ones(3, 9, dtype=torch.bool), num_compressions=[0] * 3,
+        evicted_tokens=[0] * 3, peak_cache_tokens=[0] * 3)
+    stats = score_batch(batch, CharTokenizer(), workers=4)
+    assert grade_workers == [4]
+    assert batch.rewards.tolist() == [1.0, 0.0, 0.0]
+    assert stats["accuracy"] == 1 / 3 and stats["no_answer"] == 1
