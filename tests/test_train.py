@@ -66,12 +66,24 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def _train(out: Path, *args: str, cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MINISPARSE_CACHE": str(cache), "MASTER_PORT": _free_port()}
-    cmd = [sys.executable, "train.py", *BASE, "--set", f"output_dir={out}", *args]
-    return subprocess.run(
-        cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _env(cache: Path, **extra: str) -> dict[str, str]:
+    """This process's environment as a user's shell has it: no launcher variables (the
+    in-process DeepSpeed tests set them here), the session's cache."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    return {**env, "MINISPARSE_CACHE": str(cache), **extra}
+
+
+def _cmd(out: Path, *args: str) -> list[str]:
+    return [sys.executable, "train.py", *BASE, "--set", f"output_dir={out}", *args]
+
+
+def _train(out: Path, *args: str, cache: Path, timeout: float = 600,
+           **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(out, *args), check=False, cwd=REPO, env=_env(cache, **env),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def _rows(out: Path) -> list[dict]:
@@ -80,10 +92,8 @@ def _rows(out: Path) -> list[dict]:
 
 def _train_killed_after(out: Path, rows: int, *args: str, cache: Path) -> int:
     """Start a run, SIGKILL it once metrics.jsonl holds `rows` rows; its return code."""
-    env = {**os.environ, "MINISPARSE_CACHE": str(cache), "MASTER_PORT": _free_port()}
-    cmd = [sys.executable, "train.py", *BASE, "--set", f"output_dir={out}", *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(_cmd(out, *args), cwd=REPO, env=_env(cache),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics, deadline = out / "metrics.jsonl", time.monotonic() + 600
     try:
         while proc.poll() is None and time.monotonic() < deadline:
@@ -250,7 +260,7 @@ def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
     gathered samples in problem order (tests/test_evaluation.py checks that the split
     scores equal one process's)."""
     out = tmp_path / "ddp"
-    env = {**os.environ, "MINISPARSE_CACHE": str(_minisparse_cache)}
+    env = _env(_minisparse_cache)
     cmd = [
         sys.executable,
         "-m",
@@ -287,6 +297,23 @@ def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
     metrics = json.loads((out / "eval" / "rollout_000001" / "gsm8k" / "metrics.json").read_text())
     assert metrics["metrics"]["ranks"] == 2
     assert rows[0]["eval/gsm8k/mean_response_tokens"] == metrics["metrics"]["mean_response_tokens"]
+
+
+def test_a_stale_extension_lock_does_not_hang_the_run(tmp_path, _minisparse_cache):
+    """A run killed while DeepSpeed JIT-built its CPU shared-memory op left torch's lock
+    behind, and every later run waited for it forever in deepspeed.initialize. That op is
+    never built now: a run finishes with the lock in place (bounded: a regression fails
+    at the timeout instead of hanging the suite)."""
+    extensions = tmp_path / "torch_extensions"
+    lock = extensions / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    out = tmp_path / "locked"
+    res = _train(out, "--set", "num_rollout=1", "--set", "save_interval=0",
+                 cache=_minisparse_cache, timeout=300, TORCH_EXTENSIONS_DIR=str(extensions))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [r["rollout"] for r in _rows(out)] == [1]
+    assert sorted(p.name for p in lock.parent.iterdir()) == ["lock"]  # nothing built
 
 
 def test_batch_sizes_must_split_over_ranks():
