@@ -316,6 +316,23 @@ def test_a_stale_extension_lock_does_not_hang_the_run(tmp_path, _minisparse_cach
     assert sorted(p.name for p in lock.parent.iterdir()) == ["lock"]  # nothing built
 
 
+def test_two_single_process_runs_at_once_both_finish(tmp_path, _minisparse_cache):
+    """Without torchrun (no MASTER_PORT) a run needs no TCP port; two at once on one machine
+    used to collide on port 29500 (EADDRINUSE)."""
+    outs = [tmp_path / "a", tmp_path / "b"]
+    procs = [subprocess.Popen(_cmd(out, "--set", "num_rollout=1", "--set", "save_interval=0"),
+                              cwd=REPO, env=_env(_minisparse_cache), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for out in outs]
+    try:
+        errors = [proc.communicate(timeout=600)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0], [e[-2000:] for e in errors]
+    assert [[r["rollout"] for r in _rows(out)] for out in outs] == [[1], [1]]
+
+
 def test_batch_sizes_must_split_over_ranks():
     from minisparse.config.schema import Config, ConfigError
     from train import check_world
