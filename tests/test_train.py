@@ -218,6 +218,42 @@ def test_bad_paths_fail_before_training(tmp_path, _minisparse_cache):
     assert not (tmp_path / "m" / "metrics.jsonl").exists()
 
 
+@pytest.fixture(scope="module")
+def broken_model(tmp_path_factory) -> Path:
+    """A model directory that passes the path check but cannot load: any error that
+    surfaces after loading would come out as its traceback instead of the input's line."""
+    d = tmp_path_factory.mktemp("broken-model")
+    (d / "config.json").write_text("{}")
+    return d
+
+
+BAD_INPUTS = {
+    "malformed line": ('{"prompt": "a", "label": "1"}\n{"prompt": "b",\n', [],
+                       "bad.jsonl:2: invalid JSON"),
+    "empty file": ("", [], "bad.jsonl: no rows (empty file)"),
+    "missing key": ('{"prompt": "a", "label": "1"}\n', ["data.input_key=question"],
+                    "bad.jsonl:1: missing key 'question' (keys present: label, prompt)"),
+    "output dir": ('{"prompt": "a", "label": "1"}\n', ["output_dir={tmp}/bad.jsonl/out"],
+                   "output_dir: cannot write to {tmp}/bad.jsonl/out: Not a directory"),
+    "eval data": ('{"prompt": "a", "label": "1"}\n',
+                  ["eval_interval=1", "eval.benchmarks=gsm8k", "eval.data_dir={tmp}/none"],
+                  "{tmp}/none"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_exits_2_with_one_line_before_the_model_loads(
+        tmp_path, _minisparse_cache, broken_model, case):
+    text, overrides, message = BAD_INPUTS[case]
+    (tmp_path / "bad.jsonl").write_text(text)
+    sets = [f"data.path={tmp_path}/bad.jsonl", f"model.path={broken_model}", *overrides]
+    args = [arg for key in sets for arg in ("--set", key.format(tmp=tmp_path))]
+    res = _train(tmp_path / "out", *args, cache=_minisparse_cache)
+    assert res.returncode == 2, res.stderr[-3000:]
+    (line,) = res.stderr.splitlines()
+    assert line.startswith("error: ") and message.format(tmp=tmp_path) in line
+
+
 def test_bad_eval_benchmark_fails_before_training(tmp_path, _minisparse_cache):
     """In-training evaluation's benchmarks are read at start-up: a typo fails the run at
     once (naming it), not after eval_interval rollouts with the other ranks waiting."""
@@ -331,14 +367,3 @@ def test_two_single_process_runs_at_once_both_finish(tmp_path, _minisparse_cache
                 proc.kill()
     assert [proc.returncode for proc in procs] == [0, 0], [e[-2000:] for e in errors]
     assert [[r["rollout"] for r in _rows(out)] for out in outs] == [[1], [1]]
-
-
-def test_batch_sizes_must_split_over_ranks():
-    from minisparse.config.schema import Config, ConfigError
-    from train import check_world
-
-    check_world(Config(rollout_batch_size=8, global_batch_size=16), 4)
-    with pytest.raises(ConfigError, match="'rollout_batch_size' \\(6\\)"):
-        check_world(Config(rollout_batch_size=6, global_batch_size=16), 4)
-    with pytest.raises(ConfigError, match="'global_batch_size'"):
-        check_world(Config(rollout_batch_size=8, global_batch_size=12), 8)
