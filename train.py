@@ -27,27 +27,23 @@ import os
 import random
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import mean
 from typing import Any
 
 import torch
 
-from minisparse.data.benchmarks import BenchmarkError, load_benchmarks
+from minisparse.data.benchmarks import BenchmarkError
 from minisparse.config.schema import Config, ConfigError
 from minisparse.config.cli import add_config_args, config_from_args
 from minisparse.config.load import config_to_dict
-from minisparse.data.datasets import DataError, PromptRow, PromptSampler, load_prompts, require_data_file
-from minisparse.engine import RolloutBackend, check_backend, make_backend
+from minisparse.data.datasets import DataError, PromptRow, PromptSampler, load_prompts
+from minisparse.engine import RolloutBackend, make_backend
 from minisparse.evaluation import Shard, check_prompt_template, evaluate, flat_metrics
 from minisparse.grpo import distributed as dist
 from minisparse.grpo.advantages import group_advantages
 from minisparse.grpo.attention import use_attention
-from minisparse.grpo.checkpoint import (
-    CheckpointError,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from minisparse.grpo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.flops import FlopShape, batch_forward_flops, flop_shape, mfu_metrics, peak_flops
 from minisparse.grpo.logger import MetricsLogger, reduce_metrics, summary_line
@@ -63,6 +59,7 @@ from minisparse.grpo.memory import (
 from minisparse.grpo.metric import Sum
 from minisparse.grpo.mismatch import mismatch_metrics
 from minisparse.grpo.optim import TrainingStateOffload, build_train_engine
+from minisparse.grpo.preflight import PreflightError, check_run
 from minisparse.grpo.rollout import (
     RolloutBatch,
     build_batch,
@@ -108,37 +105,16 @@ def parse_args() -> tuple[Config, argparse.Namespace]:
     return config_from_args(args), args
 
 
-def check_inputs(cfg: Config) -> dict | None:
-    """Input files that a run reads later must fail now, before any model is loaded: the
-    training data, and the benchmarks of in-training evaluation (returned, read in full).
-    The rollout backend's own install is checked here too."""
-    check_backend(cfg)
-    require_data_file(cfg.data.path)
-    if not cfg.eval_interval:
-        return None
-    return load_benchmarks(cfg.eval.benchmarks, cfg.eval.data_dir, cfg.eval.limit)
-
-
-def check_world(cfg: Config, world: int) -> None:
-    """Batch keys must split evenly over the ranks; fails before any model is loaded."""
-    for key in ("rollout_batch_size", "global_batch_size"):
-        if getattr(cfg, key) % world:
-            raise ConfigError(
-                f"config key '{key}' ({getattr(cfg, key)}) must be divisible "
-                f"by the number of processes ({world})"
-            )
-
-
 def setup(cfg: Config, resume_required: bool) -> Run:
-    """Process group, policy (+ reference), DeepSpeed, data, engine, resume, logger."""
+    """Process group, pre-flight checks, policy (+ reference), DeepSpeed, data, engine,
+    resume, logger."""
     device = dist.init_distributed()
-    check_world(cfg, dist.world_size())
-    eval_problems = check_inputs(cfg)
+    checked = check_run(cfg, dist.world_size(), resume_required)  # before any model loads
     random.seed(cfg.seed + dist.rank())
     torch.manual_seed(cfg.seed + dist.rank())
 
     policy, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
-    if eval_problems is not None:
+    if checked.eval_problems is not None:
         check_prompt_template(tokenizer, cfg.eval.prompt_template)
     use_attention(policy, cfg.model.attention)  # the reference copy inherits these
     kernels = use_liger_kernel(policy, cfg.model.liger_kernel, device.type == "cuda")
@@ -161,7 +137,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
 
     total_steps = cfg.num_rollout * cfg.num_steps_per_rollout
     train_engine = build_train_engine(policy, cfg, total_steps, device)
-    start, nonfinite = resume(cfg, train_engine, sampler, resume_required)
+    start, nonfinite = resume(checked.resume_from, train_engine, sampler)
 
     logger = MetricsLogger(
         cfg.output_dir,
@@ -191,22 +167,15 @@ def setup(cfg: Config, resume_required: bool) -> Run:
         logger=logger,
         flops=flop_shape(policy),
         peak=peak_flops(cfg.log.peak_tflops, device),
-        eval_problems=eval_problems,
+        eval_problems=checked.eval_problems,
         start_rollout=start,
         nonfinite_steps=nonfinite,
     )
 
 
-def resume(cfg: Config, train_engine, sampler, required: bool) -> tuple[int, int]:
-    """(rollouts done, non-finite steps so far) from the last complete checkpoint."""
-    if not required and cfg.resume == "never":
-        return 0, 0
-    path = latest_checkpoint(cfg.output_dir)
+def resume(path: Path | None, train_engine, sampler: PromptSampler) -> tuple[int, int]:
+    """(rollouts done, non-finite steps so far) after checkpoint `path` (None: a new run)."""
     if path is None:
-        if required:
-            raise FileNotFoundError(
-                f"--resume: no complete checkpoint under {cfg.output_dir}/checkpoints"
-            )
         return 0, 0
     state = load_checkpoint(path, train_engine)
     sampler.load_state_dict(state["sampler"])
@@ -392,7 +361,8 @@ def main() -> None:
     cfg, args = parse_args()
     try:
         run = setup(cfg, resume_required=args.resume)
-    except (ConfigError, DataError, BenchmarkError, CheckpointError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, BenchmarkError, CheckpointError, PreflightError,
+            FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     try:

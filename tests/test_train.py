@@ -66,12 +66,24 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def _train(out: Path, *args: str, cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MINISPARSE_CACHE": str(cache), "MASTER_PORT": _free_port()}
-    cmd = [sys.executable, "train.py", *BASE, "--set", f"output_dir={out}", *args]
-    return subprocess.run(
-        cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _env(cache: Path, **extra: str) -> dict[str, str]:
+    """This process's environment as a user's shell has it: no launcher variables (the
+    in-process DeepSpeed tests set them here), the session's cache."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    return {**env, "MINISPARSE_CACHE": str(cache), **extra}
+
+
+def _cmd(out: Path, *args: str) -> list[str]:
+    return [sys.executable, "train.py", *BASE, "--set", f"output_dir={out}", *args]
+
+
+def _train(out: Path, *args: str, cache: Path, timeout: float = 600,
+           **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(out, *args), check=False, cwd=REPO, env=_env(cache, **env),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def _rows(out: Path) -> list[dict]:
@@ -80,10 +92,8 @@ def _rows(out: Path) -> list[dict]:
 
 def _train_killed_after(out: Path, rows: int, *args: str, cache: Path) -> int:
     """Start a run, SIGKILL it once metrics.jsonl holds `rows` rows; its return code."""
-    env = {**os.environ, "MINISPARSE_CACHE": str(cache), "MASTER_PORT": _free_port()}
-    cmd = [sys.executable, "train.py", *BASE, "--set", f"output_dir={out}", *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(_cmd(out, *args), cwd=REPO, env=_env(cache),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics, deadline = out / "metrics.jsonl", time.monotonic() + 600
     try:
         while proc.poll() is None and time.monotonic() < deadline:
@@ -208,6 +218,42 @@ def test_bad_paths_fail_before_training(tmp_path, _minisparse_cache):
     assert not (tmp_path / "m" / "metrics.jsonl").exists()
 
 
+@pytest.fixture(scope="module")
+def broken_model(tmp_path_factory) -> Path:
+    """A model directory that passes the path check but cannot load: any error that
+    surfaces after loading would come out as its traceback instead of the input's line."""
+    d = tmp_path_factory.mktemp("broken-model")
+    (d / "config.json").write_text("{}")
+    return d
+
+
+BAD_INPUTS = {
+    "malformed line": ('{"prompt": "a", "label": "1"}\n{"prompt": "b",\n', [],
+                       "bad.jsonl:2: invalid JSON"),
+    "empty file": ("", [], "bad.jsonl: no rows (empty file)"),
+    "missing key": ('{"prompt": "a", "label": "1"}\n', ["data.input_key=question"],
+                    "bad.jsonl:1: missing key 'question' (keys present: label, prompt)"),
+    "output dir": ('{"prompt": "a", "label": "1"}\n', ["output_dir={tmp}/bad.jsonl/out"],
+                   "output_dir: cannot write to {tmp}/bad.jsonl/out: Not a directory"),
+    "eval data": ('{"prompt": "a", "label": "1"}\n',
+                  ["eval_interval=1", "eval.benchmarks=gsm8k", "eval.data_dir={tmp}/none"],
+                  "{tmp}/none"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_exits_2_with_one_line_before_the_model_loads(
+        tmp_path, _minisparse_cache, broken_model, case):
+    text, overrides, message = BAD_INPUTS[case]
+    (tmp_path / "bad.jsonl").write_text(text)
+    sets = [f"data.path={tmp_path}/bad.jsonl", f"model.path={broken_model}", *overrides]
+    args = [arg for key in sets for arg in ("--set", key.format(tmp=tmp_path))]
+    res = _train(tmp_path / "out", *args, cache=_minisparse_cache)
+    assert res.returncode == 2, res.stderr[-3000:]
+    (line,) = res.stderr.splitlines()
+    assert line.startswith("error: ") and message.format(tmp=tmp_path) in line
+
+
 def test_bad_eval_benchmark_fails_before_training(tmp_path, _minisparse_cache):
     """In-training evaluation's benchmarks are read at start-up: a typo fails the run at
     once (naming it), not after eval_interval rollouts with the other ranks waiting."""
@@ -250,7 +296,7 @@ def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
     gathered samples in problem order (tests/test_evaluation.py checks that the split
     scores equal one process's)."""
     out = tmp_path / "ddp"
-    env = {**os.environ, "MINISPARSE_CACHE": str(_minisparse_cache)}
+    env = _env(_minisparse_cache)
     cmd = [
         sys.executable,
         "-m",
@@ -289,12 +335,35 @@ def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
     assert rows[0]["eval/gsm8k/mean_response_tokens"] == metrics["metrics"]["mean_response_tokens"]
 
 
-def test_batch_sizes_must_split_over_ranks():
-    from minisparse.config.schema import Config, ConfigError
-    from train import check_world
+def test_a_stale_extension_lock_does_not_hang_the_run(tmp_path, _minisparse_cache):
+    """A run killed while DeepSpeed JIT-built its CPU shared-memory op left torch's lock
+    behind, and every later run waited for it forever in deepspeed.initialize. That op is
+    never built now: a run finishes with the lock in place (bounded: a regression fails
+    at the timeout instead of hanging the suite)."""
+    extensions = tmp_path / "torch_extensions"
+    lock = extensions / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    out = tmp_path / "locked"
+    res = _train(out, "--set", "num_rollout=1", "--set", "save_interval=0",
+                 cache=_minisparse_cache, timeout=300, TORCH_EXTENSIONS_DIR=str(extensions))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [r["rollout"] for r in _rows(out)] == [1]
+    assert sorted(p.name for p in lock.parent.iterdir()) == ["lock"]  # nothing built
 
-    check_world(Config(rollout_batch_size=8, global_batch_size=16), 4)
-    with pytest.raises(ConfigError, match="'rollout_batch_size' \\(6\\)"):
-        check_world(Config(rollout_batch_size=6, global_batch_size=16), 4)
-    with pytest.raises(ConfigError, match="'global_batch_size'"):
-        check_world(Config(rollout_batch_size=8, global_batch_size=12), 8)
+
+def test_two_single_process_runs_at_once_both_finish(tmp_path, _minisparse_cache):
+    """Without torchrun (no MASTER_PORT) a run needs no TCP port; two at once on one machine
+    used to collide on port 29500 (EADDRINUSE)."""
+    outs = [tmp_path / "a", tmp_path / "b"]
+    procs = [subprocess.Popen(_cmd(out, "--set", "num_rollout=1", "--set", "save_interval=0"),
+                              cwd=REPO, env=_env(_minisparse_cache), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for out in outs]
+    try:
+        errors = [proc.communicate(timeout=600)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0], [e[-2000:] for e in errors]
+    assert [[r["rollout"] for r in _rows(out)] for out in outs] == [[1], [1]]

@@ -99,20 +99,29 @@ def _check_messages(messages: list, where: str) -> list[dict[str, str]]:
     return messages
 
 
-def _render(prompt: Any, cfg: DataConfig, tokenizer: Any, where: str) -> tuple[str, list[int]]:
-    """Prompt text and ids. Templated text already holds any BOS token, so special
-    tokens are added by the tokenizer only for raw strings."""
+def _row(record: dict, cfg: DataConfig, where: str) -> tuple[str | list[dict[str, str]], str]:
+    """(prompt, label) of one record, checked as far as possible without a tokenizer."""
+    label = _label(_field(record, cfg.label_key, where), where)
+    prompt = _field(record, cfg.input_key, where)
     if isinstance(prompt, str):
         if not prompt.strip():
             raise DataError(f"{where}: empty prompt")
-        if not cfg.apply_chat_template:
-            return prompt, tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        prompt = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, list):
-        prompt = _check_messages(prompt, where)
+        _check_messages(prompt, where)
     else:
         raise DataError(f"{where}: prompt must be a string or a list of messages, got "
                         f"{type(prompt).__name__}")
+    return prompt, label
+
+
+def _render(prompt: str | list[dict[str, str]], cfg: DataConfig, tokenizer: Any,
+            where: str) -> tuple[str, list[int]]:
+    """Prompt text and ids. Templated text already holds any BOS token, so special
+    tokens are added by the tokenizer only for raw strings."""
+    if isinstance(prompt, str):
+        if not cfg.apply_chat_template:
+            return prompt, tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        prompt = [{"role": "user", "content": prompt}]
     try:
         text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     except Exception as exc:  # jinja errors, or a tokenizer without a template
@@ -130,6 +139,19 @@ def _records(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
         yield from _iter_records(cfg.path)
 
 
+def check_data(cfg: DataConfig) -> int:
+    """Number of rows in cfg.path, each parsed and holding a usable prompt and label;
+    the first bad row (file:line) or an empty file fails. Needs no tokenizer, so a run
+    checks its data before any model loads; load_prompts then only renders."""
+    total = 0
+    for where, record in _records(cfg):
+        _row(record, cfg, where)
+        total += 1
+    if not total:
+        raise DataError(f"{cfg.path}: no rows (empty file)")
+    return total
+
+
 def load_prompts(cfg: DataConfig, tokenizer: Any, stats: dict | None = None) -> list[PromptRow]:
     """Every row of cfg.path, rendered and tokenized. Prompts over max_prompt_len tokens
     are dropped and counted (logged, and put in `stats` when given)."""
@@ -137,8 +159,8 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, stats: dict | None = None) -> 
     dropped = total = 0
     for index, (where, record) in enumerate(_records(cfg)):
         total += 1
-        label = _label(_field(record, cfg.label_key, where), where)
-        text, ids = _render(_field(record, cfg.input_key, where), cfg, tokenizer, where)
+        prompt, label = _row(record, cfg, where)
+        text, ids = _render(prompt, cfg, tokenizer, where)
         if len(ids) > cfg.max_prompt_len:
             dropped += 1
             continue

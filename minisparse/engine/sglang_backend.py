@@ -53,17 +53,19 @@ def weight_buckets(model: nn.Module, dtype: torch.dtype,
         yield bucket
 
 
-def write_model_dir(model: nn.Module, dtype: str) -> str:
+def write_model_dir(model: nn.Module, dtype: str) -> tempfile.TemporaryDirectory:
     """A temp HF directory holding only the model's config (and generation config): what
-    SGLang needs to build the architecture before the weights arrive over IPC."""
-    path = tempfile.mkdtemp(prefix="minisparse-sglang-")
+    SGLang needs to build the architecture before the weights arrive over IPC. Removed by
+    its cleanup() (SGLangBackend.shutdown), when dropped, or at the latest at exit."""
+    model_dir = tempfile.TemporaryDirectory(prefix="minisparse-sglang-")
+    path = model_dir.name
     config = model.config
     if not getattr(config, "architectures", None):
         config.architectures = [type(model).__name__]
     config.save_pretrained(path)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(path)
-    return path
+    return model_dir
 
 
 def memory_fraction(kv_fraction: float, weight_bytes: int, free_bytes: int) -> float:
@@ -179,8 +181,9 @@ class SGLangBackend:
         gpu = device.index if device.index is not None else torch.cuda.current_device()
         weight_bytes = sum(p.numel() for p in model.parameters()) * self.dtype.itemsize
         free, _ = torch.cuda.mem_get_info(gpu)
+        self.model_dir = write_model_dir(model, dtype)
         kwargs = dict(
-            model_path=write_model_dir(model, dtype), skip_tokenizer_init=True,
+            model_path=self.model_dir.name, skip_tokenizer_init=True,
             load_format="dummy", dtype=dtype, base_gpu_id=gpu, tp_size=1,
             port=30000 + 17 * gpu, random_seed=seed, enable_memory_saver=True,
             attention_backend=attention_backend(model.config), sampling_backend="pytorch", grammar_backend="none",
@@ -254,6 +257,7 @@ class SGLangBackend:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        self.model_dir.cleanup()
 
 
 def attention_backend(config: Any) -> str:

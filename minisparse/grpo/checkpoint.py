@@ -191,8 +191,9 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:
-    """Restore weights, optimizer, scheduler and this rank's RNG; returns trainer_state."""
+def trainer_state(path: Path) -> dict[str, Any]:
+    """trainer_state.json of checkpoint `path`, which this run's ranks can continue from
+    (read before any model loads, and again by load_checkpoint)."""
     state = json.loads((path / "trainer_state.json").read_text())
     saved_world = state.get("world_size", world_size())
     if saved_world != world_size():
@@ -201,6 +202,12 @@ def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:
             f"ZeRO optimizer states are sharded per rank, so resume with "
             f"torchrun --nproc_per_node {saved_world} (or start a new output_dir)"
         )
+    return state
+
+
+def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:
+    """Restore weights, optimizer, scheduler and this rank's RNG; returns trainer_state."""
+    state = trainer_state(path)
     masters = _masters_hold_weights(train_engine)
     load_path, _ = train_engine.load_checkpoint(
         str(path / "ds"),

@@ -29,16 +29,14 @@ def world_size() -> int:
 def init_distributed() -> torch.device:
     """Start the process group (nccl with GPUs, gloo without) and pick this rank's device.
 
-    Works without torchrun too (single process): RANK/WORLD_SIZE default to 0/1, which
-    DeepSpeed still needs as an initialised group.
+    Under torchrun the launcher's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT stand.
+    Without it (one process, and DeepSpeed still needs an initialised group) the group
+    meets in an in-process store instead of on a TCP port, so any number of single-process
+    runs share a machine (a fixed default port made the second one fail with EADDRINUSE);
+    a MASTER_PORT set by hand is still used.
     """
-    for key, value in (
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_RANK", "0"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", "29500"),
-    ):
+    single = os.environ.get("WORLD_SIZE", "1") == "1" and "MASTER_PORT" not in os.environ
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -50,7 +48,13 @@ def init_distributed() -> torch.device:
         # Generous: in-training evaluation gathers each benchmark from all ranks, and
         # the paper's seven benchmarks take hours (eval.limit keeps it short); a rank
         # that finishes its share first waits for the slowest.
-        dist.init_process_group(backend, timeout=timedelta(hours=6))
+        timeout = timedelta(hours=6)
+        if single:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout)
+        else:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            dist.init_process_group(backend, timeout=timeout)
     return device
 
 

@@ -6,6 +6,9 @@ and restores it with the optimizer. Micro-batches per step vary with packing, so
 gradient accumulation is unmanaged: backward() per micro-batch (the loss is already
 divided by the step's denominator), then one step() per optimizer step.
 
+Nothing else is built either: DeepSpeed's CPU communicator would JIT-compile its
+shared-memory all-reduce op at start-up (see skip_unused_ops).
+
 Memory phases: during rollout the optimizer states, fp32 master weights and gradient
 buffers go to CPU (offload_states, available for ZeRO 1/2 and 3 in deepspeed 0.19.8);
 the bf16 weights stay on the GPU, since the engine samples with them.
@@ -74,10 +77,27 @@ def deepspeed_config(cfg: Config, on_gpu: bool, world: int = 1) -> dict[str, Any
     }
 
 
+# DeepSpeed's CPU shared-memory all-reduce: only DeepSpeed inference's tensor-parallel
+# all-reduce calls it; training's collectives go through torch.distributed.
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+def skip_unused_ops(deepspeed) -> None:
+    """Keep deepspeed.initialize from JIT-building the CPU shared-memory op we never call.
+
+    The build holds a lock file in torch's extensions dir (TORCH_EXTENSIONS_DIR, default
+    ~/.cache/torch_extensions/<py>_cpu/deepspeed_shm_comm/lock). A process killed during
+    the build (SIGKILL, OOM, preemption) leaves the lock behind, and every later run on
+    the machine waited for it forever, silently, inside deepspeed.initialize. An op
+    marked incompatible is never built or loaded (deepspeed.comm.torch.build_shm_op)."""
+    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+
+
 def build_train_engine(model: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device):
     """DeepSpeed engine around model with AdamW + LR schedule from cfg.optim."""
     import deepspeed
 
+    skip_unused_ops(deepspeed)
     o = cfg.optim
     on_gpu = device.type == "cuda"
     optimizer = torch.optim.AdamW(

@@ -146,13 +146,16 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
         model.config.pad_token_id = model.generation_config.pad_token_id = pad
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=out_dir.name + ".tmp"))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    for path in (tmp, *tmp.iterdir()):  # mkdtemp's 0700 would hide it from other users
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        for path in (tmp, *tmp.iterdir()):  # mkdtemp's 0700 would hide it from other users
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:  # a failed write (disk full, Ctrl-C) leaves no half-written .tmp next to it
+        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 

@@ -101,6 +101,19 @@ def build_shape_model(name: str, dtype: str = "bfloat16", device: Any = "cpu"):
     return model
 
 
+def check_model_path(path: str) -> Path | None:
+    """The local checkpoint directory of model.path (None for 'tiny' and SHAPES names,
+    which are built, not read); fails naming the path when it holds no config.json."""
+    if path == "tiny" or path in SHAPES:
+        return None
+    if not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model path '{path}' is not a local HF checkpoint directory (no "
+            f"config.json there); shapes available: {', '.join(SHAPES)}, or 'tiny'"
+        )
+    return Path(path)
+
+
 def load_policy(path: str, dtype: str = "bfloat16", device: Any = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) for "tiny", a SHAPES name, or a local HF checkpoint directory.
 
@@ -115,12 +128,7 @@ def load_policy(path: str, dtype: str = "bfloat16", device: Any = "cpu") -> tupl
         model = build_shape_model(path, dtype, device)
         tokenizer = build_tokenizer(vocab_size=model.config.vocab_size)
     else:
-        local = build_tiny() if path == "tiny" else Path(path)
-        if not (local / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model path '{path}' is not a local HF checkpoint directory (no "
-                f"config.json there); shapes available: {', '.join(SHAPES)}, or 'tiny'"
-            )
+        local = build_tiny() if path == "tiny" else check_model_path(path)
         model = AutoModelForCausalLM.from_pretrained(
             local, dtype=_torch_dtype(dtype), local_files_only=True
         ).to(device)

@@ -4,7 +4,7 @@ import logging
 import pytest
 
 from minisparse.config.schema import DataConfig
-from minisparse.data.datasets import DataError, PromptSampler, load_prompts
+from minisparse.data.datasets import DataError, PromptSampler, check_data, load_prompts
 from minisparse.data.synthetic import synthetic_rows
 from minisparse.models.tiny import build_tokenizer
 
@@ -78,10 +78,26 @@ def test_long_prompts_dropped_and_counted(tmp_path, tok, caplog):
     ('{"prompt": "x", "label": true}', "got bool"),
 ])
 def test_bad_rows_name_file_and_line(tmp_path, tok, line, message):
+    """The same message from the tokenizer-free check a run makes before its model loads
+    as from loading the prompts."""
     path = write_jsonl(tmp_path / "d.jsonl", ['{"prompt": "fine", "label": "0"}', line])
-    with pytest.raises(DataError) as info:
-        load_prompts(DataConfig(path=path), tok)
-    assert message in str(info.value)
+    for read in (lambda cfg: load_prompts(cfg, tok), check_data):
+        with pytest.raises(DataError) as info:
+            read(DataConfig(path=path))
+        assert message in str(info.value)
+
+
+def test_check_data_counts_rows_and_refuses_an_empty_file(tmp_path):
+    rows = [{"prompt": "a", "label": "1"}, "", {"q": [{"role": "user", "content": "b"}], "a": 2}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows[:2])
+    assert check_data(DataConfig(path=path)) == 1
+    mixed = write_jsonl(tmp_path / "m.jsonl", [{"q": "a", "a": "1"}, rows[2]])
+    assert check_data(DataConfig(path=mixed, input_key="q", label_key="a")) == 2
+    assert check_data(DataConfig(path="synthetic", synthetic_size=7)) == 7
+    for empty in (["", "  "], []):
+        path = write_jsonl(tmp_path / "e.jsonl", empty)
+        with pytest.raises(DataError, match=r"e.jsonl: no rows \(empty file\)"):
+            check_data(DataConfig(path=path))
 
 
 def test_unreadable_and_empty_files(tmp_path, tok):

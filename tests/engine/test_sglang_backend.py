@@ -3,10 +3,13 @@ output parsing, seeds, ordering, phase control and weight export, against the fa
 sglang package of fake_sglang.py (the real engine is exercised by test_gpu_sglang.py)."""
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -110,6 +113,42 @@ def test_engine_kwargs_colocate_on_this_gpu_with_ids_only_io(tiny, fake):
     assert config.architectures == [type(tiny[0]).__name__]
     assert config.num_hidden_layers == tiny[0].config.num_hidden_layers
     assert backend.eos_ids == eos_token_ids(*tiny)
+
+
+def test_the_config_dir_goes_at_shutdown_and_when_the_backend_is_dropped(tiny, fake, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    backend = _backend(tiny)
+    (model_dir,) = tmp_path.glob("minisparse-sglang-*")
+    assert fake.instances[0].kwargs["model_path"] == str(model_dir)
+    assert (model_dir / "config.json").is_file()
+    backend.shutdown()
+    assert ("shutdown",) in fake.instances[0].calls and not model_dir.exists()
+    _backend(tiny)  # never shut down, dropped at once
+    gc.collect()
+    assert not list(tmp_path.glob("minisparse-sglang-*"))
+
+
+def test_the_config_dir_goes_when_the_process_exits(tiny_path, tmp_path):
+    """A backend still open at exit (an exception, a script that never calls shutdown)."""
+    code = f"""
+import sys, torch, pytest
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import fake_sglang
+fake_sglang.install(pytest.MonkeyPatch())
+torch.cuda.mem_get_info = lambda *a: (80 * 2**30, 96 * 2**30)
+from minisparse.config.schema import EngineConfig
+from minisparse.engine.sglang_backend import SGLangBackend
+from minisparse.models.loading import load_policy
+model, tok = load_policy({str(tiny_path)!r}, "float32", "cpu")
+backend = SGLangBackend(model, tok, EngineConfig(), None, "cuda:0", "float32")
+print(fake_sglang.Engine.instances[0].kwargs["model_path"])
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert Path(res.stdout.split()[-1]).parent == tmp_path  # it was made there
+    assert not list(tmp_path.glob("minisparse-sglang-*"))
 
 
 def test_kv_memory_gb_becomes_a_token_count(tiny, fake):

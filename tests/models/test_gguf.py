@@ -146,6 +146,20 @@ def test_wheel_to_hf_directory_that_from_pretrained_loads(tiny, tmp_path, monkey
         assert torch.equal(loaded(x).logits, reference(x).logits)
 
 
+def test_a_failed_write_leaves_no_temp_dir(tiny, tmp_path, monkeypatch):
+    import transformers
+
+    _, path, _, _ = tiny
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        gguf_model.convert_gguf(path, tmp_path / "models" / "tiny-gguf")
+    assert list((tmp_path / "models").iterdir()) == []
+
+
 def test_gguf_flag_checks_the_sha(tiny, tmp_path, monkeypatch):
     _, path, _, source = tiny
     bad = GGUFSource(**{**source.__dict__, "gguf_sha256": "0" * 64})

@@ -1,0 +1,92 @@
+"""Pre-flight checks: each bad input fails with one message naming it, before any model
+loads (tests/test_train.py runs train.py on the same inputs and sees exit 2)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from minisparse.config.load import load_config
+from minisparse.config.schema import Config, ConfigError
+from minisparse.data.benchmarks import BenchmarkError
+from minisparse.data.datasets import DataError
+from minisparse.grpo.checkpoint import MARKER, CheckpointError
+from minisparse.grpo.preflight import PreflightError, check_run, check_world
+
+
+def _cfg(tmp_path: Path, *overrides: str):
+    return load_config("tiny_rkv", [f"output_dir={tmp_path / 'out'}", *overrides])
+
+
+def _data(tmp_path: Path, *lines: str) -> str:
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def _checkpoint(out: Path, rollout: int, world: int, complete: bool = True) -> Path:
+    d = out / "checkpoints" / f"rollout_{rollout:06d}"
+    d.mkdir(parents=True)
+    (d / "trainer_state.json").write_text(json.dumps({"rollout": rollout, "world_size": world}))
+    if complete:
+        (d / MARKER).write_text("done\n")
+    return d
+
+
+def test_a_good_run_passes_and_makes_its_output_dir(tmp_path):
+    good = _data(tmp_path, '{"prompt": "1+1?", "label": "2"}')
+    checked = check_run(_cfg(tmp_path, f"data.path={good}"), 1, resume_required=False)
+    assert checked.eval_problems is None and checked.resume_from is None
+    assert [p.name for p in (tmp_path / "out").iterdir()] == []  # the write probe is gone
+
+
+@pytest.mark.parametrize("lines,error,message", [
+    (['{"prompt": "a", "label": "1"}', '{"prompt": "b", "label": '], DataError,
+     "d.jsonl:2: invalid JSON"),
+    ([], DataError, "d.jsonl: no rows (empty file)"),
+    (['{"question": "a", "label": "1"}'], DataError,
+     "d.jsonl:1: missing key 'prompt' (keys present: label, question)"),
+    (['{"prompt": "a", "answer": "1"}'], DataError, "d.jsonl:1: missing key 'label'"),
+])
+def test_bad_data_is_named_with_file_and_line(tmp_path, lines, error, message):
+    cfg = _cfg(tmp_path, f"data.path={_data(tmp_path, *lines)}")
+    with pytest.raises(error) as info:
+        check_run(cfg, 1, resume_required=False)
+    assert message in str(info.value)
+
+
+def test_missing_paths_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model path '/nonexistent/model'"):
+        check_run(_cfg(tmp_path, "model.path=/nonexistent/model"), 1, False)
+    (tmp_path / "file").write_text("")
+    cfg = load_config("tiny_rkv", [f"output_dir={tmp_path / 'file' / 'out'}"])
+    with pytest.raises(PreflightError) as info:
+        check_run(cfg, 1, False)
+    assert str(info.value) == f"output_dir: cannot write to {tmp_path}/file/out: Not a directory"
+    missing = tmp_path / "no-eval-data"
+    cfg = _cfg(tmp_path, "eval_interval=1", "eval.benchmarks=gsm8k", f"eval.data_dir={missing}")
+    with pytest.raises(BenchmarkError, match=str(missing)):
+        check_run(cfg, 1, False)
+    assert check_run(_cfg(tmp_path, f"eval.data_dir={missing}"), 1, False).eval_problems is None
+
+
+def test_resume_takes_the_newest_complete_checkpoint_of_as_many_ranks(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(CheckpointError, match="--resume: no complete checkpoint under"):
+        check_run(_cfg(tmp_path), 1, resume_required=True)
+    _checkpoint(out, 1, world=1)
+    newest = _checkpoint(out, 2, world=1)
+    _checkpoint(out, 3, world=1, complete=False)  # killed mid-save
+    assert check_run(_cfg(tmp_path), 1, resume_required=True).resume_from == newest
+    assert check_run(_cfg(tmp_path), 1, resume_required=False).resume_from == newest  # auto
+    assert check_run(_cfg(tmp_path, "resume=never"), 1, False).resume_from is None
+    _checkpoint(out, 4, world=2)
+    with pytest.raises(CheckpointError, match="saved by 2 processes and this run has 1"):
+        check_run(_cfg(tmp_path), 1, resume_required=False)
+
+
+def test_batch_sizes_must_split_over_ranks():
+    check_world(Config(rollout_batch_size=8, global_batch_size=16), 4)
+    with pytest.raises(ConfigError, match="'rollout_batch_size' \\(6\\)"):
+        check_world(Config(rollout_batch_size=6, global_batch_size=16), 4)
+    with pytest.raises(ConfigError, match="'global_batch_size'"):
+        check_world(Config(rollout_batch_size=8, global_batch_size=12), 8)
