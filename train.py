@@ -204,12 +204,12 @@ def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
             "perf/preemptions": float(s.preemptions),
         }
     )
-    return build_batch(outputs, [r.label for r in rows])
+    return build_batch(outputs, rows)
 
 
 def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     """Rewards, then GRPO advantages within each prompt's group of responses."""
-    grade_stats = score_batch(batch, run.tokenizer, run.cfg.reward.workers)
+    grade_stats = score_batch(batch, run.tokenizer, run.cfg.reward)
     batch.advantages, adv_stats = group_advantages(
         batch.rewards, run.cfg.n_samples_per_prompt, run.cfg.loss.normalize_advantage_std
     )

@@ -96,6 +96,9 @@ class RewardConfig:
     # 1: in this process, the default until the pool is checked again on the GPU image
     # (docs/results.md). Batches under 64 responses are always graded in-process.
     workers: Count = 1
+    # Your own reward in place of the math grader: 'package.module:callable', called as
+    # fn(response, label, metadata) -> number (data/reward_plugin.py); null: math-verify.
+    function: str | None = None
 
 
 @dataclass

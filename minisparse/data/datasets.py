@@ -12,7 +12,7 @@ import logging
 import os
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class PromptRow:
     prompt_ids: list[int]
     label: str
     index: int  # row number in the source (0-based, blank lines not counted)
+    extra: dict = field(default_factory=dict)  # the record's other keys (reward metadata)
 
 
 def require_data_file(path: str) -> None:
@@ -164,7 +165,9 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, stats: dict | None = None) -> 
         if len(ids) > cfg.max_prompt_len:
             dropped += 1
             continue
-        rows.append(PromptRow(prompt_text=text, prompt_ids=list(ids), label=label, index=index))
+        extra = {k: v for k, v in record.items() if k not in (cfg.input_key, cfg.label_key)}
+        rows.append(PromptRow(prompt_text=text, prompt_ids=list(ids), label=label, index=index,
+                              extra=extra))
     if dropped:
         logger.warning("%s: dropped %d of %d prompts longer than max_prompt_len=%d tokens",
                        cfg.path, dropped, total, cfg.max_prompt_len)

@@ -12,6 +12,7 @@ from pathlib import Path
 from minisparse.config.schema import Config, ConfigError
 from minisparse.data.benchmarks import load_benchmarks
 from minisparse.data.datasets import check_data
+from minisparse.data.reward_plugin import load_reward_function
 from minisparse.engine import check_backend
 from minisparse.grpo.checkpoint import CheckpointError, latest_checkpoint, trainer_state
 from minisparse.models.loading import check_model_path
@@ -35,6 +36,8 @@ def check_run(cfg: Config, world: int, resume_required: bool) -> Checked:
     check_backend(cfg)
     check_model_path(cfg.model.path)
     check_data(cfg.data)
+    if cfg.reward.function:
+        load_reward_function(cfg.reward.function)
     check_output_dir(cfg.output_dir)
     resume_from = resume_checkpoint(cfg, resume_required)
     problems = None

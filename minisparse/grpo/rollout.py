@@ -8,11 +8,12 @@ and the correction weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from minisparse.config.schema import Config
+from minisparse.config.schema import Config, RewardConfig
+from minisparse.data.datasets import PromptRow
 from minisparse.engine.config import SamplingParams
 from minisparse.grpo.metric import Max
 
@@ -34,6 +35,8 @@ class RolloutBatch:
     ref_logp: torch.Tensor | None = None  # [N, T] frozen reference policy
     weights: torch.Tensor | None = None  # [N, T] Sparse-RL importance weights
     keep: torch.Tensor | None = None  # [N, T] bool, tokens that stay in the loss
+    metadata: list[dict] = field(default_factory=list)  # per sample, for a reward plug-in
+    grade_stats: dict | None = None  # the grader's stats, once rewards are in
 
     def __len__(self) -> int:
         return len(self.responses)
@@ -48,8 +51,14 @@ def sampling_params(cfg: Config, seed: int) -> SamplingParams:
     return SamplingParams.from_config(cfg, cfg.n_samples_per_prompt, cfg.max_response_len, seed)
 
 
-def build_batch(outputs: list, labels: list[str]) -> RolloutBatch:
-    """RolloutBatch from engine SampleOutputs (prompt-major) and each prompt's label."""
+def sample_metadata(row: PromptRow, sample_index: int) -> dict:
+    """What a reward plug-in gets besides response and label (data/reward_plugin.py)."""
+    return {"prompt": row.prompt_text, "index": row.index, "sample_index": sample_index,
+            **row.extra}
+
+
+def build_batch(outputs: list, rows: list[PromptRow]) -> RolloutBatch:
+    """RolloutBatch from engine SampleOutputs (prompt-major) and the prompts' rows."""
     width = max([len(o.token_ids) for o in outputs] + [1])
     logp = torch.zeros(len(outputs), width)
     mask = torch.zeros(len(outputs), width, dtype=torch.bool)
@@ -60,13 +69,14 @@ def build_batch(outputs: list, labels: list[str]) -> RolloutBatch:
     return RolloutBatch(
         prompts=[list(o.prompt_token_ids) for o in outputs],
         responses=[list(o.token_ids) for o in outputs],
-        labels=[labels[o.prompt_index] for o in outputs],
+        labels=[rows[o.prompt_index].label for o in outputs],
         finish_reasons=[o.finish_reason for o in outputs],
         rollout_logp=logp,
         response_mask=mask,
         num_compressions=[o.num_compressions for o in outputs],
         evicted_tokens=[o.evicted_tokens for o in outputs],
         peak_cache_tokens=[o.peak_cache_tokens for o in outputs],
+        metadata=[sample_metadata(rows[o.prompt_index], o.sample_index) for o in outputs],
     )
 
 
@@ -95,13 +105,20 @@ def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dic
     return metrics
 
 
-def score_batch(batch: RolloutBatch, tokenizer, workers: int = 1) -> dict:
-    """Decode responses and grade them with minisparse.data.reward in `workers` processes
-    (reward.workers); fills batch.rewards and returns the grader's stats (accuracy,
-    timeouts, no_answer, grade_s)."""
-    from minisparse.data.reward import grade_batch
-
+def score_batch(batch: RolloutBatch, tokenizer, cfg: RewardConfig) -> dict:
+    """Decode responses and grade them: with the plug-in cfg.function when set, else with
+    minisparse.data.reward in cfg.workers processes. Fills batch.rewards and
+    batch.grade_stats (accuracy, grade_s; the math grader adds timeouts and no_answer)."""
     texts = tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
-    grades, stats = grade_batch(texts, batch.labels, workers=workers)
-    batch.rewards = torch.tensor([g.score for g in grades], dtype=torch.float32)
-    return dict(stats)
+    if cfg.function:
+        from minisparse.data.reward_plugin import call_reward_function
+
+        scores, stats = call_reward_function(cfg.function, texts, batch.labels, batch.metadata)
+    else:
+        from minisparse.data.reward import grade_batch
+
+        grades, stats = grade_batch(texts, batch.labels, workers=cfg.workers)
+        scores = [g.score for g in grades]
+    batch.rewards = torch.tensor(scores, dtype=torch.float32)
+    batch.grade_stats = dict(stats)
+    return batch.grade_stats

@@ -42,6 +42,16 @@ def test_string_and_message_prompts(tmp_path, tok):
     assert rows[2].prompt_text == "Compute 7 * 6."
 
 
+def test_a_rows_other_keys_travel_with_it(tmp_path, tok):
+    """Keys besides prompt and label reach a reward plug-in as metadata."""
+    path = write_jsonl(tmp_path / "d.jsonl", [
+        {"question": "a", "answer": "1", "tests": ["x"], "source": "s"},
+        {"question": "b", "answer": "2"},
+    ])
+    rows = load_prompts(DataConfig(path=path, input_key="question", label_key="answer"), tok)
+    assert [r.extra for r in rows] == [{"tests": ["x"], "source": "s"}, {}]
+
+
 def test_apply_chat_template_wraps_strings(tmp_path, tok):
     path = write_jsonl(tmp_path / "d.jsonl", [{"q": "What is 2+2?", "a": "4"}])
     cfg = DataConfig(path=path, input_key="q", label_key="a", apply_chat_template=True)

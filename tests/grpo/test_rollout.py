@@ -1,6 +1,7 @@
 """score_batch: rewards from the grader, in the number of processes the config asks for."""
 import torch
 
+from minisparse.config.schema import RewardConfig
 from minisparse.grpo.rollout import RolloutBatch, score_batch
 
 
@@ -18,7 +19,7 @@ def test_score_batch_grades_with_the_workers_given(grade_workers):
         finish_reasons=["stop"] * 3, rollout_logp=torch.zeros(3, 9),
         response_mask=torch.ones(3, 9, dtype=torch.bool), num_compressions=[0] * 3,
         evicted_tokens=[0] * 3, peak_cache_tokens=[0] * 3)
-    stats = score_batch(batch, CharTokenizer(), workers=4)
+    stats = score_batch(batch, CharTokenizer(), RewardConfig(workers=4))
     assert grade_workers == [4]
     assert batch.rewards.tolist() == [1.0, 0.0, 0.0]
     assert stats["accuracy"] == 1 / 3 and stats["no_answer"] == 1
