@@ -41,7 +41,7 @@ from minisparse.data.datasets import DataError, PromptRow, PromptSampler, load_p
 from minisparse.engine import RolloutBackend, make_backend
 from minisparse.evaluation import Shard, check_prompt_template, evaluate, flat_metrics
 from minisparse.grpo import distributed as dist
-from minisparse.grpo.advantages import group_advantages
+from minisparse.grpo.advantages import compute_advantages
 from minisparse.grpo.attention import use_attention
 from minisparse.grpo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from minisparse.grpo.corrections import compute_corrections
@@ -208,10 +208,10 @@ def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
 
 
 def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
-    """Rewards, then GRPO advantages within each prompt's group of responses."""
+    """Rewards, then advantages (loss.advantage: per prompt group and/or over the batch)."""
     grade_stats = score_batch(batch, run.tokenizer, run.cfg.reward)
-    batch.advantages, adv_stats = group_advantages(
-        batch.rewards, run.cfg.n_samples_per_prompt, run.cfg.loss.normalize_advantage_std
+    batch.advantages, adv_stats = compute_advantages(
+        batch.rewards, run.cfg.n_samples_per_prompt, batch.response_mask.sum(dim=1), run.cfg.loss
     )
     metrics.update(rollout_metrics(batch, grade_stats))
     metrics.update(adv_stats)

@@ -22,7 +22,7 @@ GroupPooling = Literal["max", "mean"]
 Selection = Literal["per_head", "per_layer"]
 Backend = Literal["native", "sglang"]
 LrSchedule = Literal["constant", "cosine", "linear"]
-Advantage = Literal["grpo"]
+Advantage = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
 KlType = Literal["low_var_kl", "k1", "k2", "k3"]
 Aggregation = Literal["sample_mean", "token_mean"]
 TisLevel = Literal["token", "sequence", "geometric"]
@@ -166,6 +166,10 @@ class LossConfig:
     normalize_advantage_std: bool = True  # False: Dr.GRPO (no division by the group std)
     eps_clip: NonNegative = 0.2
     eps_clip_high: NonNegative | None = None  # None -> eps_clip
+    # advantage=gspo clips its sequence-level ratio to [1 - low, 1 + high] instead
+    # (the GSPO paper's values; eps_clip/eps_clip_high are for token-level ratios).
+    gspo_eps_clip: NonNegative = 3e-4
+    gspo_eps_clip_high: NonNegative = 4e-4
     kl_coef: NonNegative = 1e-4
     kl_type: KlType = "low_var_kl"
     entropy_coef: NonNegative = 0.0

@@ -1,5 +1,10 @@
 """The GRPO objective on one micro-batch: PPO clip x Sparse-RL weights, KL, entropy.
 
+The importance ratio is per token, except under loss.advantage=gspo: there it is the
+sequence's length-normalised ratio exp(mean_t(logp - old_logp)) over its kept tokens,
+clipped with gspo_eps_clip(_high), the same value on every token of the sequence (GSPO,
+arXiv 2507.18071); its gradient reaches every token through the mean.
+
 Every term is a per-token tensor [N, T] reduced by `aggregate` over the kept tokens
 (Corrections.keep). The reduction divides by a count taken over the whole optimizer
 step (all its micro-batches, see `step_denominator`), so summing the micro-batch losses
@@ -25,12 +30,28 @@ def ppo_clip_loss(
     loss = max(-A r, -A clip(r, 1 - eps, 1 + eps_high)), r = exp(logp - old_logp);
     advantages broadcast from [N] to [N, T].
     """
-    high = eps_clip if eps_clip_high is None else eps_clip_high
+    return clipped_surrogate(logp - old_logp, advantages, eps_clip, eps_clip_high)
+
+
+def clipped_surrogate(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-token loss, clipped mask, ratio) of max(-A r, -A clip(r, 1 - low, 1 + high))
+    for r = exp(log_ratio); high None -> low."""
+    high = low if high is None else high
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    ratio = torch.exp(logp - old_logp)
+    ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - eps_clip, 1.0 + high)
+    clipped = -adv * ratio.clamp(1.0 - low, 1.0 + high)
     return torch.maximum(unclipped, clipped), clipped > unclipped, ratio
+
+
+def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """GSPO's log s_i = mean over the kept tokens of (logp - old_logp), on every token of
+    the row [N, T] (0 for a row with no kept token)."""
+    keep_f = keep.to(logp.dtype)
+    total = ((logp - old_logp) * keep_f).sum(dim=1, keepdim=True)
+    return (total / keep_f.sum(dim=1, keepdim=True).clamp(min=1)).expand_as(logp)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
@@ -92,7 +113,12 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(loss, metrics) for one micro-batch; metrics are detached partial means that sum
     to the step mean over micro-batches, like the loss."""
-    pg, clipped, ratio = ppo_clip_loss(logp, old_logp, advantages, cfg.eps_clip, cfg.eps_clip_high)
+    if cfg.advantage == "gspo":
+        pg, clipped, ratio = clipped_surrogate(sequence_log_ratio(logp, old_logp, keep),
+                                               advantages, cfg.gspo_eps_clip, cfg.gspo_eps_clip_high)
+    else:
+        pg, clipped, ratio = ppo_clip_loss(logp, old_logp, advantages, cfg.eps_clip,
+                                           cfg.eps_clip_high)
     agg = lambda x: aggregate(x, keep, cfg.aggregation, denominator)
     pg_loss = agg(pg * weights)
     loss = pg_loss
