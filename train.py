@@ -45,6 +45,7 @@ from minisparse.grpo.advantages import compute_advantages
 from minisparse.grpo.attention import use_attention
 from minisparse.grpo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from minisparse.grpo.corrections import compute_corrections
+from minisparse.grpo.dynamic_sampling import sample_with_signal
 from minisparse.grpo.flops import FlopShape, batch_forward_flops, flop_shape, mfu_metrics, peak_flops
 from minisparse.grpo.logger import MetricsLogger, reduce_metrics, summary_line
 from minisparse.grpo.logprobs import batch_logprobs
@@ -63,6 +64,7 @@ from minisparse.grpo.preflight import PreflightError, check_run
 from minisparse.grpo.rollout import (
     RolloutBatch,
     build_batch,
+    generate_metrics,
     rollout_metrics,
     sampling_params,
     score_batch,
@@ -188,28 +190,33 @@ def resume(path: Path | None, train_engine, sampler: PromptSampler) -> tuple[int
 
 
 def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
-    """This rank's prompts -> n sampled responses each, with the sampler's log-probs."""
-    cfg = run.cfg
-    rows = [run.rows[i] for i in run.sampler.next_batch()]
-    seed = (cfg.seed * 1_000_003 + rollout * 1_009 + dist.rank()) % 2**31
+    """This rank's prompts -> n sampled responses each, with the sampler's log-probs;
+    with dynamic_sampling, rounds of prompts (graded here) until the batch has signal."""
+    cfg, stats = run.cfg, []
+
+    def draw(round_: int) -> RolloutBatch:
+        rows = [run.rows[i] for i in run.sampler.next_batch()]
+        seed = (cfg.seed * 1_000_003 + rollout * 1_009 + dist.rank() + round_ * 7_919) % 2**31
+        outputs = run.llm.generate([r.prompt_ids for r in rows], sampling_params(cfg, seed))
+        stats.append(run.llm.last_stats)
+        return build_batch(outputs, rows)
+
     with rollout_weights(run.train_engine):
         run.llm.update_weights(run.train_engine.module)
-        outputs = run.llm.generate([r.prompt_ids for r in rows], sampling_params(cfg, seed))
-    s = run.llm.last_stats
-    metrics.update(
-        {
-            "perf/rollout_tokens_per_s": s.tokens_per_s,
-            "perf/rollout_tokens": float(s.generated_tokens),
-            "perf/peak_kv_tokens": float(s.peak_kv_tokens),
-            "perf/preemptions": float(s.preemptions),
-        }
-    )
-    return build_batch(outputs, rows)
+        if cfg.dynamic_sampling:
+            batch, ds_metrics = sample_with_signal(
+                draw, lambda b: score_batch(b, run.tokenizer, cfg.reward), cfg.n_samples_per_prompt,
+                cfg.rollout_batch_size // dist.world_size(), cfg.dynamic_sampling_max_rounds)
+            metrics.update(ds_metrics)
+        else:
+            batch = draw(0)
+    metrics.update(generate_metrics(stats))
+    return batch
 
 
 def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     """Rewards, then advantages (loss.advantage: per prompt group and/or over the batch)."""
-    grade_stats = score_batch(batch, run.tokenizer, run.cfg.reward)
+    grade_stats = batch.grade_stats or score_batch(batch, run.tokenizer, run.cfg.reward)
     batch.advantages, adv_stats = compute_advantages(
         batch.rewards, run.cfg.n_samples_per_prompt, batch.response_mask.sum(dim=1), run.cfg.loss
     )

@@ -225,6 +225,11 @@ class Config:
     temperature: NonNegative = 1.0
     top_p: Share = 1.0
     top_k: TopK = -1
+    # DAPO's dynamic sampling: draw more prompts, in rounds of rollout_batch_size, until
+    # the batch holds only groups whose rewards differ (grpo/dynamic_sampling.py); at
+    # most dynamic_sampling_max_rounds rounds, then zero-signal groups fill the rest.
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_rounds: Count = 4
     global_batch_size: Count = 256
     num_steps_per_rollout: Count = 4
     max_tokens_per_gpu: Count = 8192

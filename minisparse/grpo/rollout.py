@@ -8,7 +8,7 @@ and the correction weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -78,6 +78,39 @@ def build_batch(outputs: list, rows: list[PromptRow]) -> RolloutBatch:
         peak_cache_tokens=[o.peak_cache_tokens for o in outputs],
         metadata=[sample_metadata(rows[o.prompt_index], o.sample_index) for o in outputs],
     )
+
+
+def take_samples(batches: list[RolloutBatch], picks: list[tuple[int, int]]) -> RolloutBatch:
+    """A new batch of the samples picks = [(batch number, sample index)], in that order,
+    with what the rollout and reward filled in (padded to its own longest response)."""
+    width = max([len(batches[b].responses[i]) for b, i in picks] + [1])
+    values: dict = {}
+    for f in fields(RolloutBatch):
+        first = getattr(batches[0], f.name)
+        if isinstance(first, list):
+            values[f.name] = [getattr(batches[b], f.name)[i] for b, i in picks]
+        elif isinstance(first, torch.Tensor) and first.dim() == 1:
+            values[f.name] = torch.stack([getattr(batches[b], f.name)[i] for b, i in picks])
+        elif isinstance(first, torch.Tensor):
+            out = first.new_zeros(len(picks), width)
+            for row, (b, i) in enumerate(picks):
+                n = min(width, getattr(batches[b], f.name).shape[1])
+                out[row, :n] = getattr(batches[b], f.name)[i, :n]
+            values[f.name] = out
+    return RolloutBatch(**values)
+
+
+def generate_metrics(stats: list) -> dict[str, float]:
+    """perf/* of the engine's generate calls of one rollout (several with dynamic
+    sampling): tokens and preemptions summed, throughput over their summed time."""
+    tokens = sum(s.generated_tokens for s in stats)
+    wall = sum(s.wall_s for s in stats)
+    return {
+        "perf/rollout_tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "perf/rollout_tokens": float(tokens),
+        "perf/peak_kv_tokens": float(max(s.peak_kv_tokens for s in stats)),
+        "perf/preemptions": float(sum(s.preemptions for s in stats)),
+    }
 
 
 def _mean(xs: list[float]) -> float:
