@@ -238,6 +238,8 @@ BAD_INPUTS = {
     "eval data": ('{"prompt": "a", "label": "1"}\n',
                   ["eval_interval=1", "eval.benchmarks=gsm8k", "eval.data_dir={tmp}/none"],
                   "{tmp}/none"),
+    "reward plug-in": ('{"prompt": "a", "label": "1"}\n', ["reward.function=no_such_module_xyz:f"],
+                       "reward.function: cannot import module 'no_such_module_xyz'"),
 }
 
 
@@ -367,3 +369,26 @@ def test_two_single_process_runs_at_once_both_finish(tmp_path, _minisparse_cache
                 proc.kill()
     assert [proc.returncode for proc in procs] == [0, 0], [e[-2000:] for e in errors]
     assert [[r["rollout"] for r in _rows(out)] for out in outs] == [[1], [1]]
+
+
+def test_gspo_with_a_reward_plugin_and_dynamic_sampling(tmp_path, _minisparse_cache):
+    """The three ablation switches together in one tiny run: the plug-in rewards odd-length
+    responses (the random model earns no math reward, so groups would have no signal),
+    gspo with geometric weights, and dynamic sampling capped at 3 rounds of 4 prompts."""
+    (tmp_path / "parity_reward.py").write_text(
+        "def parity(response, label, metadata):\n    return float(len(response) % 2)\n")
+    out = tmp_path / "run"
+    res = _train(out, "--set", "num_rollout=1", "--set", "save_interval=0",
+                 "--set", "reward.function=parity_reward:parity", "--set", "loss.advantage=gspo",
+                 "--set", "loss.tis_level=geometric", "--set", "dynamic_sampling=true",
+                 "--set", "dynamic_sampling_max_rounds=3", cache=_minisparse_cache,
+                 PYTHONPATH=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,) = _rows(out)
+    rounds = row["dynamic_sampling/rounds"]
+    assert 1 <= rounds <= 3 and row["dynamic_sampling/drawn_groups"] == 4 * rounds
+    # the only zero-signal groups left in the batch are the filler put back at the cap
+    assert row["advantage/zero_signal_groups"] == row["dynamic_sampling/filled_groups"]
+    assert (row["dynamic_sampling/zero_signal_groups"] + 4
+            == row["dynamic_sampling/drawn_groups"] - row["dynamic_sampling/surplus_groups"]
+            + row["dynamic_sampling/filled_groups"])
