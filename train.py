@@ -7,7 +7,8 @@ One process per GPU holds a DeepSpeed ZeRO-sharded policy and an in-process roll
 engine that samples with the policy's own weights. Each rollout:
 
   1. rollout   the engine samples n responses for this rank's prompts (compressed KV)
-  2. reward    math_reward per response, GRPO advantages per prompt group
+  2. reward    math_reward (or reward.function) per response, advantages per
+               loss.advantage (dynamic_sampling: graded in rounds during 1)
   3. logprobs  dense log-probs of the current (old) and reference policies, then the
                Sparse-RL correction weights from the sampler/dense mismatch
   4. update    num_steps_per_rollout optimizer steps in packed micro-batches
@@ -216,11 +217,12 @@ def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
 
 def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     """Rewards, then advantages (loss.advantage: per prompt group and/or over the batch)."""
-    grade_stats = batch.grade_stats or score_batch(batch, run.tokenizer, run.cfg.reward)
+    if batch.rewards is None:  # dynamic sampling grades during the rollout
+        score_batch(batch, run.tokenizer, run.cfg.reward)
     batch.advantages, adv_stats = compute_advantages(
         batch.rewards, run.cfg.n_samples_per_prompt, batch.response_mask.sum(dim=1), run.cfg.loss
     )
-    metrics.update(rollout_metrics(batch, grade_stats))
+    metrics.update(rollout_metrics(batch, batch.grade_stats))
     metrics.update(adv_stats)
 
 
