@@ -9,13 +9,26 @@ this reads, overrides and validates a Config; cli.py builds the flags from all t
 """
 from __future__ import annotations
 
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Literal, get_args
+
+# Compression rules: one file per rule in this folder, named as compress.algorithm names it.
+RULES_DIR = Path(__file__).resolve().parents[1] / "compression" / "rules"
+
+
+def rule_names() -> tuple[str, ...]:
+    """The compression rules, by file name (listed, not imported: the schema stays cheap
+    to load, and the rules import it)."""
+    return tuple(sorted(m.name for m in pkgutil.iter_modules([str(RULES_DIR)])
+                        if not m.name.startswith("_")))
+
 
 # Allowed values of the string settings: validation and every CLI's `choices` read these.
 Dtype = Literal["bfloat16", "float16", "float32"]
-Algorithm = Literal["none", "rkv", "snapkv"]
+Algorithm = Literal[("none", *rule_names())]  # none: dense rollouts
 DivideMethod = Literal["step_length", "newline"]
 Pooling = Literal["max", "avg"]
 GroupPooling = Literal["max", "mean"]
@@ -251,8 +264,8 @@ HELP = {
     "model.path": "HF checkpoint dir; tiny: a tiny random model built locally; or a shape "
                   "name such as qwen2.5-3b for random weights",
     "model.dtype": "weights' dtype",
-    "compress.algorithm": "KV-cache compression during generation: none (dense), rkv "
-                          "(R-KV) or snapkv",
+    "compress.algorithm": "KV-cache compression during generation: none (dense) or the "
+                          "name of a rule in minisparse/compression/rules/ (rkv: R-KV)",
     "compress.budget": "KV tokens a sequence keeps after each compression",
     "compress.window": "recent tokens whose queries score the cache; always kept",
     "compress.divide_method": "when to compress: every divide-length generated tokens "
