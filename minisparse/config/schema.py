@@ -125,6 +125,7 @@ class CompressConfig:
     mix_lambda: Fraction = 0.1
     sim_threshold: Similarity = 0.5
     selection: Selection = "per_head"
+    n_sink: NonNegativeInt = 4  # streaming_llm: the first tokens, always kept
 
 
 @dataclass
@@ -282,6 +283,7 @@ HELP = {
                               "redundant",
     "compress.selection": "per_head: each KV head keeps its own tokens; per_layer: one set "
                           "per layer",
+    "compress.n_sink": "streaming_llm: attention-sink tokens (the first ones) always kept",
     "engine.backend": "rollout engine; sglang (an embedded sglang.Engine) is dense only",
     "engine.page_size": "tokens per KV-cache page",
     "engine.kv_memory_gb": "KV pool size in GiB; 0: kv-memory-fraction decides",

@@ -149,3 +149,23 @@ def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monke
     ps = prompts(5, lo=12, hi=12, seed=4)  # same length: compressed together
     engine.generate(ps, SamplingParams(max_new_tokens=40, seed=1, ignore_eos=True))
     assert max(sizes) == 5
+
+
+def test_streaming_llm_keeps_sinks_and_the_newest_tokens_without_a_query_ring(qwen2,
+                                                                              monkeypatch):
+    """A rule that scores without queries: the engine keeps no query ring for it, decode
+    attends to exactly the sinks and the newest tokens, in every layer and head."""
+    cfg = CompressConfig(algorithm="streaming_llm", budget=16, window=4, divide_length=8,
+                         n_sink=3)
+    engine = make_engine(qwen2, cfg, page_size=4)
+    assert engine.pool.window == 0 and engine.pool.q_ring is None
+    tr = track(engine, monkeypatch)
+    engine.generate(prompts(3, lo=5, hi=30), SamplingParams(max_new_tokens=40, seed=2,
+                                                             ignore_eos=True))
+    assert engine.last_stats.compressions > 0 and tr.checked > 0 and tr.max_err < 1e-5
+    heads = [h for layers in tr.entries.values() for h in layers]
+    for head in heads:
+        assert head[:3] == [0, 1, 2] and head[3:] == list(range(head[3], head[-1] + 1))
+    assert all(len(h) <= max_cache_tokens(cfg) for h in heads)
+    assert sum(h[3] > 3 for h in heads) == len(heads)  # every sequence evicted the middle
+    assert engine.allocator.num_free == engine.pool.num_pages
