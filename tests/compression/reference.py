@@ -69,6 +69,16 @@ def streaming_llm_kept(length: int, budget: int, window: int, n_sink: int) -> li
     return sinks + list(range(length - (budget - len(sinks)), length))
 
 
+def key_norm_scores(keys: torch.Tensor, window: int) -> torch.Tensor:
+    """[H_kv, N] KNorm's scores: minus each older key's L2 norm."""
+    h_kv, length, dim = keys.shape
+    out = torch.zeros(h_kv, length - window, dtype=torch.float64)
+    for h in range(h_kv):
+        for i in range(length - window):
+            out[h, i] = -math.sqrt(sum(float(x) ** 2 for x in keys[h, i]))
+    return out
+
+
 def scores(keys: torch.Tensor, queries: torch.Tensor | None, algorithm: str,
            kernel_size: int = 7, pooling: str = "max", group_pooling: str = "max",
            mix_lambda: float = 0.1, sim_threshold: float = 0.5, window: int | None = None,
@@ -77,6 +87,8 @@ def scores(keys: torch.Tensor, queries: torch.Tensor | None, algorithm: str,
     budget): 1 for the older tokens it keeps, 0 for the rest. The query-free rules take
     window from the argument, the others from queries unless given."""
     keys = keys.double().cpu()
+    if algorithm == "knorm":
+        return key_norm_scores(keys, window)
     if algorithm == "streaming_llm":
         h_kv, length, _ = keys.shape
         out = torch.zeros(h_kv, length - window, dtype=torch.float64)

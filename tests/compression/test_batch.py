@@ -128,6 +128,7 @@ def test_build_policy():
     assert type(build_policy(CompressConfig(algorithm="snapkv"))) is SnapKV
     assert type(build_policy(CompressConfig(algorithm="streaming_llm"))).__name__ == \
         "StreamingLLM"
+    assert type(build_policy(CompressConfig(algorithm="knorm"))).__name__ == "KNorm"
     assert ("none", *rule_names()) == choices(Algorithm)  # a rule per algorithm but none
 
 
@@ -152,7 +153,7 @@ def test_policy_uses_its_config(algorithm):
     reference.check_selection(kept, ref, 50, 20, 3, "per_layer", 1e-9)
 
 
-@pytest.mark.parametrize("algorithm", ["streaming_llm"])
+@pytest.mark.parametrize("algorithm", ["knorm", "streaming_llm"])
 @pytest.mark.parametrize("selection", ["per_head", "per_layer"])
 @pytest.mark.parametrize("fill", [0.0, float("nan"), 1e4])
 def test_query_free_batch_equals_rows(algorithm, selection, fill):
@@ -174,5 +175,5 @@ def test_rule_class_names_the_rules():
     with pytest.raises(ValueError) as err:
         rule_class("h2o")
     assert str(err.value) == f"algorithm: no rule 'h2o'; the rules are {', '.join(rule_names())}"
-    assert {"rkv", "snapkv", "streaming_llm"} <= set(rule_names())
+    assert {"knorm", "rkv", "snapkv", "streaming_llm"} <= set(rule_names())
     assert rule_class("rkv") is RKV and issubclass(RKV, ScoringRule)

@@ -133,3 +133,33 @@ def test_rules_that_need_queries_refuse_none():
     keys, _ = make_inputs(2, 1, 40, WINDOW)
     with pytest.raises(ValueError, match="^queries: SnapKV scores with"):
         make_policy("snapkv", budget=BUDGET, window=WINDOW).select(keys)
+
+
+def test_knorm_by_hand():
+    """Older key norms 3, 1, 4, 1.5, 5, 0.5, 2 (head 0) and 4, 6, 6, 0.2, 6, 6, 0.1
+    (head 1); budget 4 with a window of 1 keeps the 3 lowest of each head, or per_layer
+    the 3 lowest sums (7, 7, 10, 1.7, 11, 6.5, 2.1)."""
+    keys = torch.zeros(2, 8, 2)
+    keys[0, :7, 0] = torch.tensor([3.0, 1.0, 4.0, 1.5, 5.0, 0.5, 2.0])
+    keys[1, :7, 1] = torch.tensor([4.0, 6.0, 6.0, 0.2, 6.0, 6.0, 0.1])
+    keys[:, 7] = 9.0  # the window: kept whatever its norm
+    kept = make_policy("knorm", budget=4, window=1).select(keys)
+    assert kept.tolist() == [[1, 3, 5, 7], [0, 3, 6, 7]]
+    per_layer = make_policy("knorm", budget=4, window=1, selection="per_layer").select(keys)
+    assert per_layer.tolist() == [[3, 5, 6, 7]] * 2
+
+
+@pytest.mark.parametrize("selection", ["per_head", "per_layer"])
+def test_knorm_matches_reference(selection):
+    policy = make_policy("knorm", budget=BUDGET, window=WINDOW, selection=selection)
+    for length in LENGTHS:
+        keys, _ = make_inputs(3, 1, length, WINDOW, seed=length)
+        ref = reference.scores(keys, None, "knorm", window=WINDOW)
+        reference.check_selection(policy.select(keys), ref, length, BUDGET, WINDOW,
+                                  selection, atol=1e-6)
+        fast = policy.score(keys.double())
+        torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
+    keys, _ = make_inputs(2, 1, 200, WINDOW, seed=11, dtype=torch.bfloat16)
+    ref = reference.scores(keys, None, "knorm", window=WINDOW)  # bf16: up to near-ties
+    reference.check_selection(policy.select(keys), ref, 200, BUDGET, WINDOW, selection,
+                              atol=1e-6 * float(ref.abs().mean()))

@@ -124,7 +124,7 @@ def test_overrides_parse_types():
     ("num_rollout=2.5", "'num_rollout' expects int, got 2.5"),
     ("model.dtype=fp8", "'model.dtype' must be one of bfloat16, float16, float32; got 'fp8'"),
     ("compress.algorithm=h2o",
-     "'compress.algorithm' must be one of none, rkv, snapkv, streaming_llm; got 'h2o'"),
+     "'compress.algorithm' must be one of none, knorm, rkv, snapkv, streaming_llm; got 'h2o'"),
     ("loss.tis_mode=cap", "'loss.tis_mode' must be one of truncate, clip, mask"),
     ("resume=always", "'resume' must be one of auto, never"),
     ("compress.window=0", "'compress.window' must be >= 1, got 0"),
