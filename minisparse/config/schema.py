@@ -268,7 +268,8 @@ HELP = {
     "compress.algorithm": "KV-cache compression during generation: none (dense) or the "
                           "name of a rule in minisparse/compression/rules/ (rkv: R-KV)",
     "compress.budget": "KV tokens a sequence keeps after each compression",
-    "compress.window": "recent tokens whose queries score the cache; always kept",
+    "compress.window": "recent tokens always kept; rules that score with queries use "
+                       "theirs",
     "compress.divide_method": "when to compress: every divide-length generated tokens "
                               "(step_length) or after a newline (newline)",
     "compress.divide_length": "step_length: generated tokens between compressions",
