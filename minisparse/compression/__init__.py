@@ -1,16 +1,20 @@
-"""KV-cache compression for sparse rollouts: selection rules (RKV, SnapKV), their batched
-GPU path, and the triggers that decide when a sequence is compressed.
-See docs/compression.md for the rules and how they map to the paper's code.
+"""KV-cache compression for sparse rollouts: selection rules (one file each in rules/:
+R-KV, SnapKV, ...), their batched GPU path, and the triggers that decide when a sequence
+is compressed. See docs/compression.md for the rules and how to write one.
 """
-from .policy import RKV, SnapKV, build_policy
+from .policy import ScoringRule, build_policy, rule_class
+from .rules.rkv import RKV
+from .rules.snapkv import SnapKV
 from .trigger import compress_due, max_buffer, max_cache_tokens, newline_token_ids
 
 __all__ = [
     "RKV",
+    "ScoringRule",
     "SnapKV",
     "build_policy",
     "compress_due",
     "max_buffer",
     "max_cache_tokens",
     "newline_token_ids",
+    "rule_class",
 ]

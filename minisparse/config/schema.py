@@ -9,13 +9,26 @@ this reads, overrides and validates a Config; cli.py builds the flags from all t
 """
 from __future__ import annotations
 
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Literal, get_args
+
+# Compression rules: one file per rule in this folder, named as compress.algorithm names it.
+RULES_DIR = Path(__file__).resolve().parents[1] / "compression" / "rules"
+
+
+def rule_names() -> tuple[str, ...]:
+    """The compression rules, by file name (listed, not imported: the schema stays cheap
+    to load, and the rules import it)."""
+    return tuple(sorted(m.name for m in pkgutil.iter_modules([str(RULES_DIR)])
+                        if not m.name.startswith("_")))
+
 
 # Allowed values of the string settings: validation and every CLI's `choices` read these.
 Dtype = Literal["bfloat16", "float16", "float32"]
-Algorithm = Literal["none", "rkv", "snapkv"]
+Algorithm = Literal[("none", *rule_names())]  # none: dense rollouts
 DivideMethod = Literal["step_length", "newline"]
 Pooling = Literal["max", "avg"]
 GroupPooling = Literal["max", "mean"]
@@ -115,6 +128,7 @@ class CompressConfig:
     mix_lambda: Fraction = 0.1
     sim_threshold: Similarity = 0.5
     selection: Selection = "per_head"
+    n_sink: NonNegativeInt = 4  # streaming_llm: the first tokens, always kept
 
 
 @dataclass
@@ -263,10 +277,11 @@ HELP = {
     "model.path": "HF checkpoint dir; tiny: a tiny random model built locally; or a shape "
                   "name such as qwen2.5-3b for random weights",
     "model.dtype": "weights' dtype",
-    "compress.algorithm": "KV-cache compression during generation: none (dense), rkv "
-                          "(R-KV) or snapkv",
+    "compress.algorithm": "KV-cache compression during generation: none (dense) or the "
+                          "name of a rule in minisparse/compression/rules/ (rkv: R-KV)",
     "compress.budget": "KV tokens a sequence keeps after each compression",
-    "compress.window": "recent tokens whose queries score the cache; always kept",
+    "compress.window": "recent tokens always kept; rules that score with queries use "
+                       "theirs",
     "compress.divide_method": "when to compress: every divide-length generated tokens "
                               "(step_length) or after a newline (newline)",
     "compress.divide_length": "step_length: generated tokens between compressions",
@@ -281,6 +296,7 @@ HELP = {
                               "redundant",
     "compress.selection": "per_head: each KV head keeps its own tokens; per_layer: one set "
                           "per layer",
+    "compress.n_sink": "streaming_llm: attention-sink tokens (the first ones) always kept",
     "engine.backend": "rollout engine; sglang (an embedded sglang.Engine) is dense only",
     "engine.page_size": "tokens per KV-cache page",
     "engine.kv_memory_gb": "KV pool size in GiB; 0: kv-memory-fraction decides",

@@ -50,8 +50,10 @@ def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
     else:
         keys = _gather_keys(pool, rows, lmax)
     keys = keys.view(s * n_layers, h_kv, lmax, d)
-    queries = pool.ring_queries(rows, next_pos)  # [layers, s, W, H_q, D]
-    queries = queries.permute(1, 0, 3, 2, 4).reshape(s * n_layers, -1, pool.window, d)
+    queries = None  # rules that score without queries get none (and have no ring)
+    if policy.uses_queries:
+        queries = pool.ring_queries(rows, next_pos)  # [layers, s, W, H_q, D]
+        queries = queries.permute(1, 0, 3, 2, 4).reshape(s * n_layers, -1, pool.window, d)
     keep = policy.select_batch(keys, queries, lens.repeat_interleave(n_layers))
     del keys, queries
     keep = keep.view(s, n_layers, h_kv, budget)

@@ -58,7 +58,9 @@ class LLMEngine:
         self.lm = CausalLM(model, fuse=self.device.type == "cuda",  # fused qkv, gate/up copy
                            fused_kernels=cfg.fused_kernels)
         self.policy = build_policy(self.compress)  # None when dense
-        self.pool = KVPool(self.lm, cfg, self.policy.window if self.policy else 0, self.device)
+        # The query ring holds the last `window` queries for the rules that score with them.
+        ring = self.policy.window if self.policy and self.policy.uses_queries else 0
+        self.pool = KVPool(self.lm, cfg, ring, self.device)
         self.pool.allocate()
         bound = max_cache_tokens(self.compress) if self.policy is not None else None
         self.runner = ModelRunner(self.lm, self.pool, cfg.cuda_graphs, bound)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.compression import RKV, SnapKV, build_policy
+from minisparse.compression import ScoringRule, build_policy
 from minisparse.config.schema import CompressConfig
 
 
@@ -26,6 +26,6 @@ def make_inputs(h_kv: int, group: int, length: int, window: int, dim: int = 16,
     return keys.to(dtype), queries.to(dtype)
 
 
-def make_policy(algorithm: str, **settings) -> RKV | SnapKV:
-    """RKV or SnapKV by name, built from a CompressConfig with these settings."""
+def make_policy(algorithm: str, **settings) -> ScoringRule:
+    """The rule of that name, built from a CompressConfig with these settings."""
     return build_policy(CompressConfig(algorithm=algorithm, **settings))

@@ -62,11 +62,39 @@ def redundancy(keys: torch.Tensor, window: int, sim_threshold: float) -> torch.T
     return out
 
 
-def scores(keys: torch.Tensor, queries: torch.Tensor, algorithm: str, kernel_size: int = 7,
-           pooling: str = "max", group_pooling: str = "max", mix_lambda: float = 0.1,
-           sim_threshold: float = 0.5, window: int | None = None) -> torch.Tensor:
-    """[H_kv, N] eviction scores (higher = keep) in float64."""
-    keys, queries = keys.double().cpu(), queries.double().cpu()
+def streaming_llm_kept(length: int, budget: int, window: int, n_sink: int) -> list[int]:
+    """StreamingLLM's kept positions: the first n_sink (as many as budget - window
+    allows), then the most recent tokens up to the budget, the last window among them."""
+    sinks = list(range(min(n_sink, budget - window)))
+    return sinks + list(range(length - (budget - len(sinks)), length))
+
+
+def key_norm_scores(keys: torch.Tensor, window: int) -> torch.Tensor:
+    """[H_kv, N] KNorm's scores: minus each older key's L2 norm."""
+    h_kv, length, dim = keys.shape
+    out = torch.zeros(h_kv, length - window, dtype=torch.float64)
+    for h in range(h_kv):
+        for i in range(length - window):
+            out[h, i] = -math.sqrt(sum(float(x) ** 2 for x in keys[h, i]))
+    return out
+
+
+def scores(keys: torch.Tensor, queries: torch.Tensor | None, algorithm: str,
+           kernel_size: int = 7, pooling: str = "max", group_pooling: str = "max",
+           mix_lambda: float = 0.1, sim_threshold: float = 0.5, window: int | None = None,
+           budget: int | None = None, n_sink: int = 4) -> torch.Tensor:
+    """[H_kv, N] eviction scores (higher = keep) in float64. streaming_llm (which needs
+    budget): 1 for the older tokens it keeps, 0 for the rest. The query-free rules take
+    window from the argument, the others from queries unless given."""
+    keys = keys.double().cpu()
+    if algorithm == "knorm":
+        return key_norm_scores(keys, window)
+    if algorithm == "streaming_llm":
+        h_kv, length, _ = keys.shape
+        out = torch.zeros(h_kv, length - window, dtype=torch.float64)
+        out[:, streaming_llm_kept(length, budget, window, n_sink)[:budget - window]] = 1.0
+        return out
+    queries = queries.double().cpu()
     window = queries.shape[1] if window is None else window
     imp = importance(keys, queries, kernel_size, pooling, group_pooling)
     if algorithm == "snapkv":

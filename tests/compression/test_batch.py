@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisparse.compression import RKV, SnapKV, build_policy
-from minisparse.compression.policy import POLICIES
-from minisparse.config.schema import Algorithm, CompressConfig, choices
+from minisparse.compression import RKV, ScoringRule, SnapKV, build_policy, rule_class
+from minisparse.config.schema import Algorithm, CompressConfig, choices, rule_names
 
 from . import reference
 from .helpers import make_inputs, make_policy
@@ -127,7 +126,10 @@ def test_build_policy():
     assert build_policy(CompressConfig(algorithm="none")) is None
     assert type(build_policy(CompressConfig(algorithm="rkv"))) is RKV
     assert type(build_policy(CompressConfig(algorithm="snapkv"))) is SnapKV
-    assert {"none", *POLICIES} == set(choices(Algorithm))  # a policy per algorithm
+    assert type(build_policy(CompressConfig(algorithm="streaming_llm"))).__name__ == \
+        "StreamingLLM"
+    assert type(build_policy(CompressConfig(algorithm="knorm"))).__name__ == "KNorm"
+    assert ("none", *rule_names()) == choices(Algorithm)  # a rule per algorithm but none
 
 
 @pytest.mark.parametrize("algorithm", ["rkv", "snapkv"])
@@ -149,3 +151,29 @@ def test_policy_uses_its_config(algorithm):
     assert kept.shape == (2, 20) and (kept[0] == kept[1]).all()
     assert kept[0, -3:].tolist() == [47, 48, 49]
     reference.check_selection(kept, ref, 50, 20, 3, "per_layer", 1e-9)
+
+
+@pytest.mark.parametrize("algorithm", ["knorm", "streaming_llm"])
+@pytest.mark.parametrize("selection", ["per_head", "per_layer"])
+@pytest.mark.parametrize("fill", [0.0, float("nan"), 1e4])
+def test_query_free_batch_equals_rows(algorithm, selection, fill):
+    """Rules that score without queries take none in a batch too (the engine has none for
+    them); padding stays out of every row's scores."""
+    lengths = [BUDGET + 1, 3 * BUDGET, 2 * BUDGET + 5, BUDGET + 2, 4 * BUDGET - 1]
+    keys, _, rows = padded_batch(lengths, 2, 1, fill, lmax=4 * BUDGET + 3)
+    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, selection=selection)
+    assert not policy.uses_queries
+    kept = policy.select_batch(keys, None, torch.tensor(lengths))
+    assert kept.shape == (len(lengths), 2, BUDGET) and kept.dtype == torch.long
+    for b, ((k, _), n) in enumerate(zip(rows, lengths)):
+        ref = reference.scores(k, None, algorithm, window=WINDOW, budget=BUDGET)
+        reference.check_selection(kept[b], ref, n, BUDGET, WINDOW, selection, 1e-6)
+        reference.assert_same_selection(kept[b], policy.select(k), ref, selection, 1e-6)
+
+
+def test_rule_class_names_the_rules():
+    with pytest.raises(ValueError) as err:
+        rule_class("h2o")
+    assert str(err.value) == f"algorithm: no rule 'h2o'; the rules are {', '.join(rule_names())}"
+    assert {"knorm", "rkv", "snapkv", "streaming_llm"} <= set(rule_names())
+    assert rule_class("rkv") is RKV and issubclass(RKV, ScoringRule)

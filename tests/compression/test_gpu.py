@@ -43,6 +43,9 @@ POLICIES = {
     "snapkv-per_head": make_policy("snapkv", budget=BUDGET, window=WINDOW),
     "snapkv-avg-mean": make_policy("snapkv", budget=BUDGET, window=WINDOW, pooling="avg",
                                    group_pooling="mean"),
+    "knorm-per_head": make_policy("knorm", budget=BUDGET, window=WINDOW),
+    "streaming_llm-per_layer": make_policy("streaming_llm", budget=BUDGET, window=WINDOW,
+                                           selection="per_layer"),
 }
 
 

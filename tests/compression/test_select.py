@@ -6,6 +6,8 @@ import itertools
 import pytest
 import torch
 
+from minisparse.config.schema import rule_names
+
 from . import reference
 from .helpers import make_inputs, make_policy
 
@@ -66,7 +68,7 @@ def test_threshold_rule_is_exercised():
     assert 0.05 < (off_diag > 0.5).float().mean() < 0.95
 
 
-@pytest.mark.parametrize("algorithm", ["rkv", "snapkv"])
+@pytest.mark.parametrize("algorithm", rule_names())
 @pytest.mark.parametrize("selection", ["per_head", "per_layer"])
 def test_invariants(algorithm, selection):
     policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, selection=selection)
@@ -79,10 +81,11 @@ def test_invariants(algorithm, selection):
             assert row[-WINDOW:] == list(range(length - WINDOW, length))
 
 
+@pytest.mark.parametrize("algorithm", rule_names())
 @pytest.mark.parametrize("length", [1, WINDOW, BUDGET - 1, BUDGET])
-def test_short_cache_keeps_everything(length):
+def test_short_cache_keeps_everything(algorithm, length):
     keys, queries = make_inputs(3, 2, length, WINDOW)
-    kept = make_policy("rkv", budget=BUDGET, window=WINDOW).select(keys, queries)
+    kept = make_policy(algorithm, budget=BUDGET, window=WINDOW).select(keys, queries)
     assert torch.equal(kept, torch.arange(length).expand(3, length))
 
 
@@ -95,3 +98,68 @@ def test_bfloat16_inputs_agree_by_score():
         # Near-tie tolerance: a few percent of the typical score size.
         reference.check_selection(kept, ref, 200, BUDGET, WINDOW, "per_head",
                                   atol=0.05 * float(ref.abs().mean()))
+
+
+# ---- rules that score without queries ---------------------------------------------------
+
+@pytest.mark.parametrize("n_sink,budget,expected", [
+    (2, 8, [0, 1, 6, 7, 8, 9, 10, 11]),  # 2 sinks + the 6 newest
+    (0, 8, [4, 5, 6, 7, 8, 9, 10, 11]),  # no sinks: a sliding window
+    (4, 5, [0, 1, 2, 10, 11]),  # room for 3 of the 4 sinks besides the window of 2
+])
+def test_streaming_llm_by_hand(n_sink, budget, expected):
+    keys, queries = make_inputs(3, 2, 12, 2, seed=1)
+    policy = make_policy("streaming_llm", budget=budget, window=2, n_sink=n_sink)
+    assert policy.select(keys).tolist() == [expected] * 3
+    assert policy.select(keys, queries).tolist() == [expected] * 3  # queries unused
+
+
+@pytest.mark.parametrize("selection", ["per_head", "per_layer"])
+@pytest.mark.parametrize("n_sink", [0, 1, 4, BUDGET - WINDOW, BUDGET + 3])
+def test_streaming_llm_matches_reference(selection, n_sink):
+    policy = make_policy("streaming_llm", budget=BUDGET, window=WINDOW, n_sink=n_sink,
+                         selection=selection)
+    for length in LENGTHS:
+        keys, _ = make_inputs(2, 1, length, WINDOW, seed=length)
+        expected = reference.streaming_llm_kept(length, BUDGET, WINDOW, n_sink)
+        assert policy.select(keys).tolist() == [expected] * 2
+        ref = reference.scores(keys, None, "streaming_llm", window=WINDOW, budget=BUDGET,
+                               n_sink=n_sink)
+        reference.check_selection(policy.select(keys), ref, length, BUDGET, WINDOW,
+                                  selection, atol=0.0)
+
+
+def test_rules_that_need_queries_refuse_none():
+    keys, _ = make_inputs(2, 1, 40, WINDOW)
+    with pytest.raises(ValueError, match="^queries: SnapKV scores with"):
+        make_policy("snapkv", budget=BUDGET, window=WINDOW).select(keys)
+
+
+def test_knorm_by_hand():
+    """Older key norms 3, 1, 4, 1.5, 5, 0.5, 2 (head 0) and 4, 6, 6, 0.2, 6, 6, 0.1
+    (head 1); budget 4 with a window of 1 keeps the 3 lowest of each head, or per_layer
+    the 3 lowest sums (7, 7, 10, 1.7, 11, 6.5, 2.1)."""
+    keys = torch.zeros(2, 8, 2)
+    keys[0, :7, 0] = torch.tensor([3.0, 1.0, 4.0, 1.5, 5.0, 0.5, 2.0])
+    keys[1, :7, 1] = torch.tensor([4.0, 6.0, 6.0, 0.2, 6.0, 6.0, 0.1])
+    keys[:, 7] = 9.0  # the window: kept whatever its norm
+    kept = make_policy("knorm", budget=4, window=1).select(keys)
+    assert kept.tolist() == [[1, 3, 5, 7], [0, 3, 6, 7]]
+    per_layer = make_policy("knorm", budget=4, window=1, selection="per_layer").select(keys)
+    assert per_layer.tolist() == [[3, 5, 6, 7]] * 2
+
+
+@pytest.mark.parametrize("selection", ["per_head", "per_layer"])
+def test_knorm_matches_reference(selection):
+    policy = make_policy("knorm", budget=BUDGET, window=WINDOW, selection=selection)
+    for length in LENGTHS:
+        keys, _ = make_inputs(3, 1, length, WINDOW, seed=length)
+        ref = reference.scores(keys, None, "knorm", window=WINDOW)
+        reference.check_selection(policy.select(keys), ref, length, BUDGET, WINDOW,
+                                  selection, atol=1e-6)
+        fast = policy.score(keys.double())
+        torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
+    keys, _ = make_inputs(2, 1, 200, WINDOW, seed=11, dtype=torch.bfloat16)
+    ref = reference.scores(keys, None, "knorm", window=WINDOW)  # bf16: up to near-ties
+    reference.check_selection(policy.select(keys), ref, 200, BUDGET, WINDOW, selection,
+                              atol=1e-6 * float(ref.abs().mean()))

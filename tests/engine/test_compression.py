@@ -116,14 +116,19 @@ def test_newline_trigger_fires_on_generated_newlines():
     assert by_newline > 0
 
 
-def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monkeypatch):
+KNORM = CompressConfig(algorithm="knorm", budget=16, window=4, divide_length=8)
+
+
+@pytest.mark.parametrize("cfg", [CFG, KNORM], ids=["rkv", "knorm"])
+def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monkeypatch, cfg):
     """The batched compaction (gather, select_batch, pack) leaves in each (sequence, layer,
     head) exactly the K/V that policy.select picks from that row's own keys and queries,
     read naively from the pool: catches rows of the batch scored against another row's
     (or another layer's) keys, which attention-over-kept-tokens checks cannot see."""
     import minisparse.engine.engine as engine_mod
 
-    engine = make_engine(qwen2, CFG, page_size=4)
+    engine = make_engine(qwen2, cfg, page_size=4)
+    assert (engine.pool.q_ring is None) == (cfg is KNORM)  # knorm scores without queries
     real, sizes = engine_mod.compact, []
 
     def gather(pool, layer, row, n):
@@ -133,10 +138,13 @@ def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monke
     def compact(pool, policy, rows, lens, next_pos):
         want = {}
         for row, n, pos in zip(rows, lens, next_pos):
-            q = pool.ring_queries(torch.tensor([row]), torch.tensor([pos]))[:, 0]
+            q = None
+            if policy.uses_queries:
+                q = pool.ring_queries(torch.tensor([row]), torch.tensor([pos]))[:, 0]
             for layer in range(pool.k.shape[0]):
                 keys, values = gather(pool, layer, row, n)
-                keep = policy.select(keys, q[layer].transpose(0, 1))[..., None]
+                keep = policy.select(keys, None if q is None else q[layer].transpose(0, 1))
+                keep = keep[..., None]
                 want[row, layer] = (keys.gather(1, keep.expand(-1, -1, keys.shape[-1])),
                                     values.gather(1, keep.expand(-1, -1, keys.shape[-1])))
         real(pool, policy, rows, lens, next_pos)
@@ -149,3 +157,23 @@ def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monke
     ps = prompts(5, lo=12, hi=12, seed=4)  # same length: compressed together
     engine.generate(ps, SamplingParams(max_new_tokens=40, seed=1, ignore_eos=True))
     assert max(sizes) == 5
+
+
+def test_streaming_llm_keeps_sinks_and_the_newest_tokens_without_a_query_ring(qwen2,
+                                                                              monkeypatch):
+    """A rule that scores without queries: the engine keeps no query ring for it, decode
+    attends to exactly the sinks and the newest tokens, in every layer and head."""
+    cfg = CompressConfig(algorithm="streaming_llm", budget=16, window=4, divide_length=8,
+                         n_sink=3)
+    engine = make_engine(qwen2, cfg, page_size=4)
+    assert engine.pool.window == 0 and engine.pool.q_ring is None
+    tr = track(engine, monkeypatch)
+    engine.generate(prompts(3, lo=5, hi=30), SamplingParams(max_new_tokens=40, seed=2,
+                                                             ignore_eos=True))
+    assert engine.last_stats.compressions > 0 and tr.checked > 0 and tr.max_err < 1e-5
+    heads = [h for layers in tr.entries.values() for h in layers]
+    for head in heads:
+        assert head[:3] == [0, 1, 2] and head[3:] == list(range(head[3], head[-1] + 1))
+    assert all(len(h) <= max_cache_tokens(cfg) for h in heads)
+    assert sum(h[3] > 3 for h in heads) == len(heads)  # every sequence evicted the middle
+    assert engine.allocator.num_free == engine.pool.num_pages

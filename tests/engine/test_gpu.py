@@ -109,7 +109,7 @@ def test_preemption_completes_every_sample(gpu_model):
         check_against_forward(gpu_model, p, o, greedy=True)
 
 
-@pytest.mark.parametrize("algorithm", ["rkv", "snapkv"])
+@pytest.mark.parametrize("algorithm", ["knorm", "rkv", "snapkv", "streaming_llm"])
 def test_compressed_attention_matches_kept_tokens(gpu_model, algorithm, monkeypatch):
     cfg = CompressConfig(algorithm=algorithm, budget=32, window=8, divide_length=16)
     engine = make_engine(gpu_model, cfg, kv_memory_gb=1.0, page_size=16, cuda_graphs=False)
@@ -137,7 +137,7 @@ def test_cuda_graphs_match_eager(gpu_model):
         assert n == 0 or err.max() < LP_MAX / 3
 
 
-@pytest.mark.parametrize("algorithm", ["none", "rkv"])
+@pytest.mark.parametrize("algorithm", ["none", "rkv", "knorm"])  # knorm: no query ring
 def test_overlapped_steps_match_serial_steps(gpu_model, algorithm):
     """Same batches either way (no stop tokens): the same samples, bit for bit; and the
     results land in pinned, contiguous memory (else the copy would wait for the step)."""
