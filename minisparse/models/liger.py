@@ -10,8 +10,11 @@ pass; the update keeps ours (grpo/fused_logprobs.py), which also gives the entro
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from minisparse.config.schema import ConfigError, Switch
@@ -38,10 +41,38 @@ def use_liger_kernel(model: nn.Module, mode: Switch, on_gpu: bool) -> str:
         return f"PyTorch RMSNorm/SwiGLU/RoPE (model.liger_kernel={mode}: {reason})"
     if missing:
         raise ConfigError(f"model.liger_kernel=on but {missing[0]}")
-    from liger_kernel.transformers import monkey_patch
-
-    apply = getattr(monkey_patch, f"apply_liger_kernel_to_{family}")
-    apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-          fused_linear_cross_entropy=False, model=model)
+    _patch_instance(model, family)
     model.liger_kernel = True  # grpo/logprobs.py: the no-grad log-prob head uses it too
     return "Liger Kernel RMSNorm/SwiGLU/RoPE"
+
+
+def _patch_instance(model: nn.Module, family: str) -> None:
+    """Liger's patch for one model. It also swaps transformers' module-level RMSNorm and MLP
+    classes and RoPE function, which would reach every model of the process, CPU ones
+    included (a CPU tensor in a Triton kernel fails): the classes go back once the
+    instance is patched, and RoPE takes Liger's kernel for CUDA tensors only."""
+    from liger_kernel.transformers import monkey_patch
+
+    hf = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    prefix = "Qwen2" if family == "qwen2" else "Llama"
+    names = ("apply_rotary_pos_emb", f"{prefix}RMSNorm", f"{prefix}MLP")
+    saved = {name: getattr(hf, name) for name in names}
+    getattr(monkey_patch, f"apply_liger_kernel_to_{family}")(
+        rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+        fused_linear_cross_entropy=False, model=model)
+    liger_rope = hf.apply_rotary_pos_emb
+    for name, value in saved.items():
+        setattr(hf, name, value)
+    if liger_rope is not saved["apply_rotary_pos_emb"]:
+        hf.apply_rotary_pos_emb = _rope_on_cuda(liger_rope, saved["apply_rotary_pos_emb"])
+
+
+def _rope_on_cuda(liger_rope: Callable, plain_rope: Callable) -> Callable:
+    if getattr(plain_rope, "liger_dispatch", False):  # already patched once
+        return plain_rope
+
+    def rope(q: torch.Tensor, k: torch.Tensor, *args, **kwargs):
+        return (liger_rope if q.is_cuda else plain_rope)(q, k, *args, **kwargs)
+
+    rope.liger_dispatch = True
+    return rope

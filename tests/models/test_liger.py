@@ -66,3 +66,8 @@ def test_patched_policy_matches_plain_on_gpu(shape):
     assert ((out["plain_nograd"].float() - nograd).norm() / nograd.norm()).item() < 2e-2
     for a, b in zip(out["plain"], out["fused"]):
         assert ((a - b).norm() / b.norm()).item() < 2e-2
+    # the patch stays with that model: a model built afterwards on the CPU still runs
+    cpu = load_policy(shape, "float32", torch.device("cpu"))[0]
+    assert "Liger" not in type(cpu.model.norm).__name__
+    cpu.model.layers = cpu.model.layers[:1]
+    cpu(torch.tensor([[1, 2, 3]]))
