@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from minisparse.config.schema import Config, ConfigError, Rule
+from minisparse.config.schema import Config, ConfigError, Operator, Rule, choices
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -253,8 +253,16 @@ def _check_bounds(lower_key: str, upper_key: str, lower: float, upper: float) ->
         )
 
 
+def _check_operators(operators: list[str]) -> None:
+    allowed = choices(Operator)
+    if not operators or any(op not in allowed for op in operators):
+        raise ConfigError(f"config key 'data.synthetic_operators' must be a non-empty list of "
+                          f"{', '.join(allowed)}; got {operators!r}")
+
+
 def _check_relations(cfg: Config) -> None:
     c, loss = cfg.compress, cfg.loss
+    _check_operators(cfg.data.synthetic_operators)
     if cfg.engine.backend == "sglang" and c.algorithm != "none":
         raise ConfigError(
             f"config key 'engine.backend' is sglang but 'compress.algorithm' is "
