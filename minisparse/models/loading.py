@@ -101,6 +101,20 @@ def build_shape_model(name: str, dtype: str = "bfloat16", device: Any = "cpu"):
     return model
 
 
+def missing_model_message(path: str) -> str:
+    """Why `path` is no model, and the command that writes it when its folder is named
+    after a model minisparse.download knows (checkpoints/smollm2-135m-instruct)."""
+    from minisparse.models.gguf import MODELS
+
+    where = Path(path)
+    if where.name in MODELS:
+        return (f"model path '{path}' holds no model (no config.json there); download it "
+                f"with: python -m minisparse.download --model {where.name} "
+                f"--out {where.parent}/")
+    return (f"model path '{path}' is not a local HF checkpoint directory (no config.json "
+            f"there); shapes available: {', '.join(SHAPES)}, or 'tiny'")
+
+
 def load_policy(path: str, dtype: str = "bfloat16", device: Any = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) for "tiny", a SHAPES name, or a local HF checkpoint directory.
 
@@ -117,10 +131,7 @@ def load_policy(path: str, dtype: str = "bfloat16", device: Any = "cpu") -> tupl
     else:
         local = build_tiny() if path == "tiny" else Path(path)
         if not (local / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model path '{path}' is not a local HF checkpoint directory (no "
-                f"config.json there); shapes available: {', '.join(SHAPES)}, or 'tiny'"
-            )
+            raise FileNotFoundError(missing_model_message(path))
         model = AutoModelForCausalLM.from_pretrained(
             local, dtype=_torch_dtype(dtype), local_files_only=True
         ).to(device)
