@@ -213,6 +213,9 @@ class LogConfig:
     run_name: str | None = None
     # Peak dense TFLOP/s per GPU for perf/*_mfu; 0: by device name (grpo/flops.py).
     peak_tflops: NonNegative = 0.0
+    # Show the libraries' own output too: DeepSpeed's start-up lines, transformers' loading
+    # and saving bars and tokenizer warnings (minisparse/quiet.py); off: the run's alone.
+    verbose: bool = False
 
 
 @dataclass
