@@ -298,3 +298,29 @@ def test_batch_sizes_must_split_over_ranks():
         check_world(Config(rollout_batch_size=6, global_batch_size=16), 4)
     with pytest.raises(ConfigError, match="'global_batch_size'"):
         check_world(Config(rollout_batch_size=8, global_batch_size=12), 8)
+
+
+def test_no_config_lists_the_shipped_configs_and_exit_2():
+    """`python train.py` alone starts nothing (the built-in defaults are an hour-long GPU
+    shape), and says what to run instead."""
+    res = subprocess.run([sys.executable, "train.py"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("train.py: error: no --config given")
+    for name in ("tiny_rkv", "smollm2_cpu", "qwen3b_rkv"):
+        assert f"\n  {name} " in res.stderr
+
+
+def test_compression_that_never_runs_is_a_config_error(tmp_path, _minisparse_cache):
+    res = _train(tmp_path / "c", "--set", "compress.budget=400", cache=_minisparse_cache)
+    assert res.returncode == 2
+    assert res.stderr.startswith("config error: compression never runs: with "
+                                 "compress.budget 400 and compress.divide_length 8")
+
+
+def test_verbose_shows_the_libraries_output(tmp_path, _minisparse_cache):
+    """Hidden by default (tests/test_quickstart.py), there with log.verbose."""
+    res = _train(tmp_path / "v", "--set", "num_rollout=1", "--set", "log.verbose=true",
+                 cache=_minisparse_cache)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "built successfully" in res.stdout or "Writing model shards" in res.stderr

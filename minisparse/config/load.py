@@ -207,11 +207,15 @@ def resolve_config_path(name: str) -> Path:
     candidate = CONFIGS_DIR / (name if name.endswith((".yaml", ".yml")) else name + ".yaml")
     if candidate.is_file():
         return candidate
-    available = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
     raise ConfigError(
         f"config '{name}' not found (neither a file nor {candidate}); "
-        f"available configs: {', '.join(available) or '(none)'}"
+        f"available configs: {', '.join(shipped_configs()) or '(none)'}"
     )
+
+
+def shipped_configs() -> list[str]:
+    """The names `--config` takes from configs/, sorted."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
 
 
 def load_config(name_or_path: str | None = None, overrides: Sequence[str] = ()) -> Config:
