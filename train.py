@@ -101,7 +101,7 @@ class Run:
     nonfinite_steps: int = 0
 
 
-def parse_args() -> tuple[Config, argparse.Namespace]:
+def build_parser() -> argparse.ArgumentParser:
     parser = add_config_args(argparse.ArgumentParser(
         description=__doc__.split("\n")[0], epilog=f"shipped configs:\n{config_menu()}",
         formatter_class=RawEpilogHelpFormatter))
@@ -111,7 +111,11 @@ def parse_args() -> tuple[Config, argparse.Namespace]:
         help="continue from the last complete checkpoint in output_dir "
         "(required to exist; the default resume=auto resumes when one exists)",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def parse_args() -> tuple[Config, argparse.Namespace]:
+    args = build_parser().parse_args()
     if args.config is None and not args.print_config:
         print(no_config_message(), file=sys.stderr)
         raise SystemExit(2)

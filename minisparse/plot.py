@@ -117,16 +117,24 @@ def _flat_range(ax) -> None:
         ax.set_ylim((-0.05, v + 1) if v >= 0 else (v - 1, 0.05))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    from minisparse.config.cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="python -m minisparse.plot",
+                                     description=__doc__.split("\n")[0],
+                                     formatter_class=HelpFormatter)
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir")
     parser.add_argument("--out", default=None,
                         help="image file (.png, .pdf, .svg); default: curves.png in the "
                              "first RUN_DIR")
     parser.add_argument("--names", default=None, help="comma-separated, one per RUN_DIR")
     parser.add_argument("--smooth", type=int, default=1,
-                        help="moving average over this many rollouts (default 1: raw)")
-    args = parser.parse_args(argv)
+                        help="moving average over this many rollouts (1: raw)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         names = args.names.split(",") if args.names else [Path(r).name for r in args.runs]
         if len(names) != len(args.runs):

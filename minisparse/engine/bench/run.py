@@ -38,8 +38,8 @@ CONFIG_KEYS = ("model.path", "temperature", "top_p", "top_k", *section_keys("com
                *ENGINE_KEYS)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The bench's own flags, then one per CONFIG_KEYS key; a bad value exits 2 naming it."""
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's own flags, then one per CONFIG_KEYS key."""
     doc = __doc__.split("\n\n")
     p = argparse.ArgumentParser(prog="python -m minisparse.engine.bench", description=doc[0],
                                 epilog=" ".join(doc[2:]), formatter_class=HelpFormatter)
@@ -73,6 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_config_flags(p.add_argument_group(
         "model, sampling, compression and engine settings",
         "the run config's keys; flags left out keep the default shown"), CONFIG_KEYS)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Flags checked before any model loads: a bad value, a device this torch lacks or a
+    compression that would never run exits 2 naming it."""
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         cfg = bench_config(args)
