@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
     from minisparse.engine import check_backend, make_backend
     from minisparse.evaluation import check_prompt_template, evaluate, format_table
     from minisparse.models.loading import load_policy
+    from minisparse.quiet import quiet_libraries
 
+    quiet_libraries(cfg.log.verbose)
     check_backend(cfg)
     device = _device(args.device)
     model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)

@@ -27,6 +27,7 @@ import copy
 import os
 import random
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -36,8 +37,9 @@ import torch
 
 from minisparse.data.benchmarks import BenchmarkError
 from minisparse.config.schema import Config, ConfigError
-from minisparse.config.cli import add_config_args, config_from_args
+from minisparse.config.cli import RawEpilogHelpFormatter, add_config_args, config_from_args
 from minisparse.config.load import config_to_dict
+from minisparse.compression.trigger import check_compression_reach
 from minisparse.data.datasets import DataError, PromptRow, PromptSampler, load_prompts
 from minisparse.engine import RolloutBackend, make_backend
 from minisparse.evaluation import Shard, check_prompt_template, evaluate, flat_metrics
@@ -70,9 +72,12 @@ from minisparse.grpo.rollout import (
     sampling_params,
     score_batch,
 )
+from minisparse.grpo.report import (config_menu, end_report, finished_message,
+                                    no_config_message, start_report)
 from minisparse.grpo.update import train_on_rollout
 from minisparse.models.liger import use_liger_kernel
 from minisparse.models.loading import load_policy
+from minisparse.quiet import quiet_libraries
 
 
 @dataclass
@@ -96,16 +101,25 @@ class Run:
     nonfinite_steps: int = 0
 
 
-def parse_args() -> tuple[Config, argparse.Namespace]:
-    parser = add_config_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
+def build_parser() -> argparse.ArgumentParser:
+    parser = add_config_args(argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=f"shipped configs:\n{config_menu()}",
+        formatter_class=RawEpilogHelpFormatter))
     parser.add_argument(
         "--resume",
         action="store_true",
         help="continue from the last complete checkpoint in output_dir "
-        "(required to exist; cfg.resume=auto resumes when one exists)",
+        "(required to exist; the default resume=auto resumes when one exists)",
     )
-    args = parser.parse_args()
-    return config_from_args(args), args
+    return parser
+
+
+def parse_args() -> tuple[Config, argparse.Namespace]:
+    args = build_parser().parse_args()
+    if args.config is None and not args.print_config:
+        print(no_config_message(), file=sys.stderr)
+        raise SystemExit(2)
+    return config_from_args(args, checks=[check_compression_reach]), args
 
 
 def setup(cfg: Config, resume_required: bool) -> Run:
@@ -198,7 +212,8 @@ def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
     def draw(round_: int) -> RolloutBatch:
         rows = [run.rows[i] for i in run.sampler.next_batch()]
         seed = (cfg.seed * 1_000_003 + rollout * 1_009 + dist.rank() + round_ * 7_919) % 2**31
-        outputs = run.llm.generate([r.prompt_ids for r in rows], sampling_params(cfg, seed))
+        outputs = run.llm.generate([r.prompt_ids for r in rows], sampling_params(cfg, seed),
+                                   progress=dist.rank() == 0)
         stats.append(run.llm.last_stats)
         return build_batch(outputs, rows)
 
@@ -315,7 +330,7 @@ def save_phase(run: Run, rollout: int) -> None:
 def train(run: Run) -> None:
     cfg = run.cfg
     rollouts = range(run.start_rollout + 1, cfg.num_rollout + 1)
-    bar = _progress(rollouts, cfg.num_rollout, enabled=dist.rank() == 0)
+    bar = _progress(rollouts, cfg.num_rollout, enabled=dist.rank() == 0 and sys.stdout.isatty())
     for rollout in bar:
         metrics: dict[str, float] = {}
         with phase("swap_to_rollout", metrics, run.device):
@@ -338,7 +353,7 @@ def train(run: Run) -> None:
                 eval_phase(run, rollout, metrics)
         run.logger.log(rollout, metrics)
         if dist.rank() == 0:
-            bar.write(summary_line(rollout, metrics))
+            bar.write(summary_line(rollout, metrics, cfg.num_rollout))
         stop = run.nonfinite_steps >= max(1, cfg.max_nonfinite_steps)
         if cfg.save_interval and (
             rollout % cfg.save_interval == 0 or rollout == cfg.num_rollout or stop
@@ -368,14 +383,27 @@ def _progress(iterable, total: int, enabled: bool):
 
 def main() -> None:
     cfg, args = parse_args()
+    quiet_libraries(cfg.log.verbose)
+    finished = finished_message(cfg)
+    if finished:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(finished)
+        return
+    started = time.perf_counter()
     try:
         run = setup(cfg, resume_required=args.resume)
     except (ConfigError, DataError, BenchmarkError, CheckpointError, PreflightError,
             FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if dist.rank() == 0:
+        longest = max(len(r.prompt_ids) for r in run.rows)
+        print(start_report(cfg, args.config, args.overrides, str(run.device),
+                           dist.world_size(), run.start_rollout, longest), flush=True)
     try:
         train(run)
+        if dist.rank() == 0:
+            print(end_report(cfg, (time.perf_counter() - started) / 60), flush=True)
     finally:
         run.logger.close()
         if torch.distributed.is_initialized():

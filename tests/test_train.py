@@ -392,3 +392,29 @@ def test_gspo_with_a_reward_plugin_and_dynamic_sampling(tmp_path, _minisparse_ca
     assert (row["dynamic_sampling/zero_signal_groups"] + 4
             == row["dynamic_sampling/drawn_groups"] - row["dynamic_sampling/surplus_groups"]
             + row["dynamic_sampling/filled_groups"])
+
+
+def test_no_config_lists_the_shipped_configs_and_exit_2():
+    """`python train.py` alone starts nothing (the built-in defaults are an hour-long GPU
+    shape), and says what to run instead."""
+    res = subprocess.run([sys.executable, "train.py"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("train.py: error: no --config given")
+    for name in ("tiny_rkv", "smollm2_cpu", "qwen3b_rkv"):
+        assert f"\n  {name} " in res.stderr
+
+
+def test_compression_that_never_runs_is_a_config_error(tmp_path, _minisparse_cache):
+    res = _train(tmp_path / "c", "--set", "compress.budget=400", cache=_minisparse_cache)
+    assert res.returncode == 2
+    assert res.stderr.startswith("config error: compression never runs: with "
+                                 "compress.budget 400 and compress.divide_length 8")
+
+
+def test_verbose_shows_the_libraries_output(tmp_path, _minisparse_cache):
+    """Hidden by default (tests/test_quickstart.py), there with log.verbose."""
+    res = _train(tmp_path / "v", "--set", "num_rollout=1", "--set", "log.verbose=true",
+                 cache=_minisparse_cache)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "built successfully" in res.stdout or "Writing model shards" in res.stderr

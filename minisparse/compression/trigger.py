@@ -21,9 +21,11 @@ The settings come from a CompressConfig, checked where it is loaded (validate_co
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from minisparse.config.schema import CompressConfig
+from minisparse.config.schema import CompressConfig, Config, ConfigError
 
 
 def max_buffer(cfg: CompressConfig) -> int:
@@ -41,6 +43,51 @@ def max_cache_tokens(cfg: CompressConfig) -> int | None:
     if cfg.divide_method == "step_length":
         return cfg.budget + cfg.divide_length
     return cfg.budget + max_buffer(cfg)
+
+
+def first_compression_len(cfg: CompressConfig, prompt_len: int) -> int | None:
+    """The shortest response (in tokens) during which a sequence with a prompt of
+    prompt_len tokens can be compressed; None when compression is off. The trigger is
+    checked after the prefill and after each decode step whose sampled token does not end
+    the sequence, i.e. with j generated tokens cached (j = 0, 1, ...) for a response of at
+    least j + 2 tokens; the first check that can be due has j past the budget and, for
+    step_length, at divide_length tokens or at the cap (newline: at the first newline)."""
+    if cfg.algorithm == "none":
+        return None
+    past_budget = cfg.budget + 1 - prompt_len
+    first = max(0, past_budget)
+    if cfg.divide_method == "step_length":
+        first = max(first, min(cfg.divide_length, cfg.budget + cfg.divide_length - prompt_len))
+    return first + 2
+
+
+def unreachable(cfg: CompressConfig, prompt_len: int, response_len: int,
+                spell: Callable[[str], str] = str) -> str | None:
+    """Why compression can never run for a prompt of prompt_len tokens and responses of at
+    most response_len (None when it can): said before a run that would be dense in all but
+    name. `spell` renders a config key as the caller names it (a flag in the bench)."""
+    need = first_compression_len(cfg, prompt_len)
+    if need is None or need <= response_len:
+        return None
+    budget = spell("compress.budget")
+    if cfg.divide_method == "step_length":
+        divide = spell("compress.divide_length")
+        trigger, fix = f"{divide} {cfg.divide_length}", f"{budget} or {divide}"
+    else:
+        trigger, fix = "the newline trigger", budget
+    return (f"compression never runs: with {budget} {cfg.budget} and {trigger}, a "
+            f"{prompt_len}-token prompt is first compressed in a response of {need} tokens, "
+            f"longer than the {response_len} allowed; lower {fix}, or raise "
+            f"{spell('max_response_len')}")
+
+
+def check_compression_reach(cfg: Config) -> None:
+    """ConfigError when a run's compression can never run: not even for the longest prompt
+    it accepts (data.max_prompt_len) and its longest responses (max_response_len)."""
+    problem = unreachable(cfg.compress, cfg.data.max_prompt_len, cfg.max_response_len)
+    if problem:
+        raise ConfigError(f"{problem} (data.max_prompt_len {cfg.data.max_prompt_len} "
+                          f"is the longest prompt a run accepts)")
 
 
 def compress_due(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from minisparse.config.load import (dump_config, key_default, leaf_type, load_config,
                                     range_rules)
@@ -36,10 +36,14 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Resolved Config; exits 2 with 'config error: ...' on a bad config, 0 after printing."""
+def config_from_args(args: argparse.Namespace,
+                     checks: Sequence[Callable[[Config], None]] = ()) -> Config:
+    """Resolved Config; exits 2 with 'config error: ...' on a bad config (or one that a
+    command's own `checks` reject), 0 after printing."""
     try:
         cfg = load_config(args.config, args.overrides)
+        for check in checks:
+            check(cfg)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -60,6 +64,10 @@ class HelpFormatter(argparse.HelpFormatter):
                 and action.default not in (None, [], argparse.SUPPRESS)):
             text += " (default: %(default)s)"
         return text
+
+
+class RawEpilogHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """HelpFormatter that keeps the description's and epilog's line breaks (a table)."""
 
 
 def flag_name(key: str) -> str:

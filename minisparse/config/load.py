@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from minisparse.config.schema import Config, ConfigError, Rule
+from minisparse.config.schema import Config, ConfigError, Operator, Rule, choices
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -207,11 +207,15 @@ def resolve_config_path(name: str) -> Path:
     candidate = CONFIGS_DIR / (name if name.endswith((".yaml", ".yml")) else name + ".yaml")
     if candidate.is_file():
         return candidate
-    available = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
     raise ConfigError(
         f"config '{name}' not found (neither a file nor {candidate}); "
-        f"available configs: {', '.join(available) or '(none)'}"
+        f"available configs: {', '.join(shipped_configs()) or '(none)'}"
     )
+
+
+def shipped_configs() -> list[str]:
+    """The names `--config` takes from configs/, sorted."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
 
 
 def load_config(name_or_path: str | None = None, overrides: Sequence[str] = ()) -> Config:
@@ -253,8 +257,16 @@ def _check_bounds(lower_key: str, upper_key: str, lower: float, upper: float) ->
         )
 
 
+def _check_operators(operators: list[str]) -> None:
+    allowed = choices(Operator)
+    if not operators or any(op not in allowed for op in operators):
+        raise ConfigError(f"config key 'data.synthetic_operators' must be a non-empty list of "
+                          f"{', '.join(allowed)}; got {operators!r}")
+
+
 def _check_relations(cfg: Config) -> None:
     c, loss = cfg.compress, cfg.loss
+    _check_operators(cfg.data.synthetic_operators)
     if cfg.engine.backend == "sglang" and c.algorithm != "none":
         raise ConfigError(
             f"config key 'engine.backend' is sglang but 'compress.algorithm' is "

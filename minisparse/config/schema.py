@@ -44,6 +44,8 @@ PromptTemplate = Literal["boxed", "chat", "user"]  # user: a synthetic training 
 Resume = Literal["auto", "never"]
 # Training-pass attention over packed rows (grpo/attention.py).
 Attention = Literal["varlen", "sdpa"]
+# Operators of the generated arithmetic (data/synthetic.py; * is rendered as \times).
+Operator = Literal["+", "-", "*"]
 # Liger Kernel's fused RMSNorm, SwiGLU and RoPE in the training passes (models/liger.py).
 Switch = Literal["auto", "on", "off"]
 
@@ -101,6 +103,12 @@ class DataConfig:
     apply_chat_template: bool = False
     max_prompt_len: Count = 1024  # longer prompts are dropped (and counted in the log)
     synthetic_size: Count = 512  # rows generated when path == "synthetic"
+    # The generated problems' difficulty (data/synthetic.py): operands of + and - up to
+    # synthetic_max_operand (factors of x: 2..30, capped there), the operators drawn from,
+    # and how many operations one problem chains.
+    synthetic_max_operand: Count = 999
+    synthetic_operators: list[str] = field(default_factory=lambda: ["+", "-", "*"])
+    synthetic_operations: Count = 1
 
 
 @dataclass
@@ -226,6 +234,9 @@ class LogConfig:
     run_name: str | None = None
     # Peak dense TFLOP/s per GPU for perf/*_mfu; 0: by device name (grpo/flops.py).
     peak_tflops: NonNegative = 0.0
+    # Show the libraries' own output too: DeepSpeed's start-up lines, transformers' loading
+    # and saving bars and tokenizer warnings (minisparse/quiet.py); off: the run's alone.
+    verbose: bool = False
 
 
 @dataclass

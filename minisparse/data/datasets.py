@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from minisparse.config.schema import DataConfig
-from minisparse.data.synthetic import synthetic_rows
+from minisparse.data.synthetic import Difficulty, synthetic_rows
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,8 @@ def _render(prompt: str | list[dict[str, str]], cfg: DataConfig, tokenizer: Any,
 
 def _records(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
     if cfg.path == "synthetic":
-        for i, row in enumerate(synthetic_rows(cfg.synthetic_size, SYNTHETIC_SEED)):
+        rows = synthetic_rows(cfg.synthetic_size, SYNTHETIC_SEED, Difficulty.from_config(cfg))
+        for i, row in enumerate(rows):
             yield f"<synthetic>:{i + 1}", {cfg.input_key: row["prompt"],
                                            cfg.label_key: row["label"]}
     else:

@@ -14,6 +14,7 @@ from torch import nn
 
 from minisparse.compression import build_policy, compress_due, max_cache_tokens, newline_token_ids
 from minisparse.engine.page_allocator import PageAllocator
+from minisparse.engine.progress import GenerateProgress
 from minisparse.engine.compaction import compact
 from minisparse.config.schema import CompressConfig, EngineConfig
 from minisparse.engine.config import SamplingParams
@@ -112,13 +113,13 @@ class LLMEngine:
         stats = GenerateStats()
         self.timer = PhaseTimer(self.device)
         start = time.perf_counter()
-        bar = _progress(len(seqs), progress)
+        shown = GenerateProgress(len(seqs)) if progress else None
         while not sched.done:
             self._step(sched, params, stats)
-            if bar is not None:
-                bar.update(sched.num_finished - bar.n)
-        if bar is not None:
-            bar.close()
+            if shown is not None and shown.due():
+                shown.update(sched.num_finished, sum(s.num_generated for s in seqs))
+        if shown is not None:
+            shown.close()
         stats.wall_s = time.perf_counter() - start
         self.last_stats = _totals(stats, self.timer, sched, seqs)
         return [s.to_output() for s in seqs]
@@ -285,9 +286,3 @@ def _totals(stats: GenerateStats, timer: PhaseTimer, sched: Scheduler,
     stats.shared_prompt_tokens = sched.shared_tokens
     stats.evicted_tokens = sum(s.evicted_tokens for s in seqs)
     return stats
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, desc="generate", unit="seq")

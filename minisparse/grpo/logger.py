@@ -60,13 +60,13 @@ class MetricsLogger:
         self.enabled = enabled
         self.path = Path(output_dir) / "metrics.jsonl"
         self.tb = self.wandb = None
+        self.tensorboard_dir: Path | None = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+        # Opened at the first row: a writer makes its events file at once, and a run that
+        # stops before logging anything should leave no empty one behind.
+        self.tensorboard_dir = Path(output_dir) / "tensorboard" if tensorboard else None
         if wandb:
             try:
                 import wandb as wb
@@ -104,6 +104,10 @@ class MetricsLogger:
         row = {"rollout": rollout, **metrics}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if self.tb is None and self.tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(self.tensorboard_dir))
         if self.tb is not None:
             for key, value in metrics.items():
                 self.tb.add_scalar(key, value, rollout)
@@ -118,9 +122,9 @@ class MetricsLogger:
             self.wandb.finish()
 
 
-def summary_line(rollout: int, metrics: dict[str, float]) -> str:
-    """'rollout 3 | reward 0.41 | acc 0.38 | ...' from whichever keys are present."""
-    parts = [f"rollout {rollout}"]
+def summary_line(rollout: int, metrics: dict[str, float], total: int | None = None) -> str:
+    """'rollout 3/10 | reward 0.41 | acc 0.38 | ...' from whichever keys are present."""
+    parts = [f"rollout {rollout}" + (f"/{total}" if total else "")]
     for label, key in SUMMARY:
         if key in metrics:
             parts.append(f"{label} {metrics[key]:.4g}")

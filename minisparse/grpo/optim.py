@@ -23,6 +23,7 @@ import torch
 
 from minisparse.config.schema import Config
 from minisparse.grpo.distributed import world_size
+from minisparse.quiet import hidden_prints
 
 
 def lr_factor(step: int, cfg: Config, total_steps: int) -> float:
@@ -110,13 +111,14 @@ def build_train_engine(model: torch.nn.Module, cfg: Config, total_steps: int, de
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, cfg, total_steps)
     )
-    engine, _, _, _ = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        lr_scheduler=scheduler,
-        config=deepspeed_config(cfg, on_gpu, world_size()),
-        dist_init_required=False,
-    )
+    with hidden_prints(cfg.log.verbose):
+        engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=deepspeed_config(cfg, on_gpu, world_size()),
+            dist_init_required=False,
+        )
     return engine
 
 

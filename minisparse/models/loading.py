@@ -101,16 +101,27 @@ def build_shape_model(name: str, dtype: str = "bfloat16", device: Any = "cpu"):
     return model
 
 
+def missing_model_message(path: str) -> str:
+    """Why `path` is no model, and the command that writes it when its folder is named
+    after a model minisparse.download knows (checkpoints/smollm2-135m-instruct)."""
+    from minisparse.models.gguf import MODELS
+
+    where = Path(path)
+    if where.name in MODELS:
+        return (f"model path '{path}' holds no model (no config.json there); download it "
+                f"with: python -m minisparse.download --model {where.name} "
+                f"--out {where.parent}/")
+    return (f"model path '{path}' is not a local HF checkpoint directory (no config.json "
+            f"there); shapes available: {', '.join(SHAPES)}, or 'tiny'")
+
+
 def check_model_path(path: str) -> Path | None:
     """The local checkpoint directory of model.path (None for 'tiny' and SHAPES names,
     which are built, not read); fails naming the path when it holds no config.json."""
     if path == "tiny" or path in SHAPES:
         return None
     if not (Path(path) / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model path '{path}' is not a local HF checkpoint directory (no "
-            f"config.json there); shapes available: {', '.join(SHAPES)}, or 'tiny'"
-        )
+        raise FileNotFoundError(missing_model_message(path))
     return Path(path)
 
 

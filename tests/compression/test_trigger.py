@@ -117,3 +117,32 @@ def test_newline_ids_byte_level_vocab():
     """GPT-2 style vocabularies spell "\\n" as "Ċ": found by decoding, not spelling."""
     vocab = {"<unk>": 0, "<eos>": 1, "Ċ": 2, "ĠĊ": 3, "x": 4, "ĊĊ": 5, "Ġx": 6, "\\n": 7}
     assert newline_token_ids(_wrap(vocab, byte_level=True)) == [2, 3, 5]
+
+
+def test_unreachable_compression_is_named_with_its_fix():
+    from minisparse.compression.trigger import first_compression_len, unreachable
+
+    cfg = CompressConfig(algorithm="rkv", budget=16, window=4, divide_length=128)
+    assert first_compression_len(cfg, 16) == 130  # exact: tests/engine/test_compression.py
+    assert first_compression_len(CompressConfig(), 16) is None  # dense
+    assert unreachable(cfg, 16, 130) is None
+    text = unreachable(cfg, 16, 64, spell=lambda key: "--" + key.split(".")[-1])
+    assert text == ("compression never runs: with --budget 16 and --divide_length 128, a "
+                    "16-token prompt is first compressed in a response of 130 tokens, longer "
+                    "than the 64 allowed; lower --budget or --divide_length, or raise "
+                    "--max_response_len")
+    newline = CompressConfig(algorithm="snapkv", budget=64, window=4, divide_method="newline")
+    assert first_compression_len(newline, 16) == 51  # at the first newline past the budget
+    assert "lower compress.budget, or" in unreachable(newline, 16, 50)
+
+
+def test_training_config_whose_compression_never_runs_is_refused():
+    from minisparse.compression.trigger import check_compression_reach
+    from minisparse.config.load import load_config
+    from minisparse.config.schema import ConfigError
+
+    check_compression_reach(load_config("smollm2_rkv"))
+    with pytest.raises(ConfigError, match="compression never runs: .* a 128-token prompt "
+                                          "is first compressed in a response of 575 tokens"):
+        check_compression_reach(load_config("smollm2_rkv", ["compress.budget=700"]))
+    check_compression_reach(load_config("smollm2_dense", ["compress.budget=700"]))  # dense

@@ -154,6 +154,11 @@ def test_overrides_parse_types():
     ("compress", "must look like KEY=VALUE"),
     ("compress=3", "'compress' is a section"),
     ("eval.benchmarks=[1, 2]", "'eval.benchmarks' expects list of str"),
+    ("data.synthetic_operators=+,/",
+     "'data.synthetic_operators' must be a non-empty list of +, -, *; got ['+', '/']"),
+    ("data.synthetic_operators=[]", "'data.synthetic_operators' must be a non-empty list"),
+    ("data.synthetic_max_operand=0", "'data.synthetic_max_operand' must be >= 1, got 0"),
+    ("data.synthetic_operations=0", "'data.synthetic_operations' must be >= 1, got 0"),
 ])
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError) as info:

@@ -207,3 +207,15 @@ def test_real_training_files_load(shared_data, tok, tmp_path):
     assert llama[0].prompt_text.startswith("<|im_start|>system\nYou are a helpful assistant.")
     assert llama[0].prompt_text.endswith("<|im_start|>assistant\n")
     assert [r.label for r in qwen] == [r.label for r in llama]
+
+
+def test_synthetic_difficulty_keys(tok):
+    """data.synthetic_* reach the generated rows."""
+    from minisparse.data.synthetic import Difficulty
+
+    cfg = DataConfig(path="synthetic", synthetic_size=20, synthetic_max_operand=5,
+                     synthetic_operators=["-"], synthetic_operations=2)
+    rows = load_prompts(cfg, tok)
+    expected = synthetic_rows(20, 0, Difficulty(5, ("-",), 2))
+    assert [r.prompt_text for r in rows] == [e["prompt"] for e in expected]
+    assert all(r.prompt_text.count(" - ") == 2 for r in rows)

@@ -109,3 +109,38 @@ def test_missing_sglang_exits_2_before_loading_a_model(backend, capsys, monkeypa
         main(["--backend", backend, "--device", "cpu"])
     assert exit_info.value.code == 2
     assert "needs SGLang 0.5.16" in capsys.readouterr().err
+
+
+def test_cuda_without_cuda_is_one_line_exit_2(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--device", "cuda"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --device cuda: torch ")
+    assert "use --device cpu" in err
+
+
+def test_compression_that_never_fires_is_refused_before_the_run(capsys):
+    """--budget 16 with the default --divide-length 128: a 16-token prompt is first
+    compressed in a response of 130 tokens, so 64 new tokens would run dense."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--compress", "rkv", "--budget", "16", "--prompt-len", "16",
+                    "--max-new-tokens", "64"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert ("a 16-token prompt is first compressed in a response of 130 tokens, longer than "
+            "the 64 allowed; lower --budget or --divide-length, or raise --max-new-tokens") in err
+    parse_args(["--compress", "rkv", "--budget", "16", "--prompt-len", "16",
+                "--max-new-tokens", "130"])  # reaches it: runs
+
+
+def test_cpu_run_prints_no_gpu_memory(tiny_path, capsys):
+    args = parse_args(["--model", str(tiny_path), "--device", "cpu", "--batch", "2",
+                       "--prompt-len", "8", "--max-new-tokens", "4", "--warmup", "0"])
+    run(args)
+    out = capsys.readouterr().out
+    assert "[bench 1/1] native" in out and "GiB" not in out

@@ -177,3 +177,25 @@ def test_streaming_llm_keeps_sinks_and_the_newest_tokens_without_a_query_ring(qw
     assert all(len(h) <= max_cache_tokens(cfg) for h in heads)
     assert sum(h[3] > 3 for h in heads) == len(heads)  # every sequence evicted the middle
     assert engine.allocator.num_free == engine.pool.num_pages
+
+
+@pytest.mark.parametrize("prompt_len, budget, divide_length", [
+    (16, 16, 128),  # the prompt just fits: due at divide_length generated tokens
+    (256, 16, 128),  # past budget + divide_length: compressed right after the prefill
+    (10, 16, 8), (20, 16, 8), (30, 16, 8),
+])
+def test_first_compression_len_is_exact(qwen2, prompt_len, budget, divide_length):
+    """The shortest response that sees a compression: one token fewer sees none. What
+    the bench and train.py check before a run that compression would never reach."""
+    from minisparse.compression.trigger import first_compression_len
+
+    cfg = CompressConfig(algorithm="rkv", budget=budget, window=4,
+                         divide_length=divide_length, kernel_size=3)
+    engine = make_engine(qwen2, cfg, page_size=4)
+    need = first_compression_len(cfg, prompt_len)
+    seen = []
+    for new in (need - 1, need):
+        out, = engine.generate([[5 + i % 100 for i in range(prompt_len)]], SamplingParams(
+            temperature=1.0, max_new_tokens=new, seed=0, ignore_eos=True))
+        seen.append(out.num_compressions)
+    assert seen == [0, 1]

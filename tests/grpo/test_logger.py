@@ -49,6 +49,7 @@ def test_single_process_reduce_keeps_values_and_order():
 def test_summary_line():
     line = summary_line(3, {"rollout/reward_mean": 0.5, "train/kl": 0.001, "time/update_s": 1.25})
     assert line == "rollout 3 | reward 0.5 | kl 0.001 | time update=1.2s"
+    assert summary_line(3, {"rollout/accuracy": 0.25}, total=10) == "rollout 3/10 | acc 0.25"
 
 
 def test_reduce_over_ranks_follows_the_value_type(monkeypatch):
@@ -61,3 +62,15 @@ def test_reduce_over_ranks_follows_the_value_type(monkeypatch):
                         lambda t, op="sum": t.clone() if op == "max" else 2 * t)
     m = {"x/count": Sum(3), "x/peak": Max(7.5), "x/mean": 0.25}
     assert reduce_metrics(m) == {"x/count": 6.0, "x/peak": 7.5, "x/mean": 0.25}
+
+
+def test_no_events_file_before_the_first_row(tmp_path):
+    """A run that stops before logging (a finished run started again, a failed start)
+    leaves no empty TensorBoard events file behind."""
+    log = MetricsLogger(tmp_path, {}, None, tensorboard=True, wandb=False, wandb_project="x")
+    log.close()
+    assert not list(tmp_path.glob("tensorboard/events.out.tfevents.*"))
+    log = MetricsLogger(tmp_path, {}, None, tensorboard=True, wandb=False, wandb_project="x")
+    log.log(1, {"a": 1.0})
+    log.close()
+    assert len(list(tmp_path.glob("tensorboard/events.out.tfevents.*"))) == 1

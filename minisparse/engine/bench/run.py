@@ -23,7 +23,9 @@ import time
 import torch
 
 from minisparse.compression import max_cache_tokens
-from minisparse.config.cli import ENGINE_KEYS, HelpFormatter, add_config_flags, config_overrides
+from minisparse.compression.trigger import unreachable
+from minisparse.config.cli import (ENGINE_KEYS, HelpFormatter, add_config_flags, config_overrides,
+                                   flag_name)
 from minisparse.config.load import config_value, load_config, section_keys
 from minisparse.config.schema import Backend, CompressConfig, Config, ConfigError, Dtype, choices
 from minisparse.engine import GenerateStats, LLMEngine, SamplingParams
@@ -36,8 +38,8 @@ CONFIG_KEYS = ("model.path", "temperature", "top_p", "top_k", *section_keys("com
                *ENGINE_KEYS)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The bench's own flags, then one per CONFIG_KEYS key; a bad value exits 2 naming it."""
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's own flags, then one per CONFIG_KEYS key."""
     doc = __doc__.split("\n\n")
     p = argparse.ArgumentParser(prog="python -m minisparse.engine.bench", description=doc[0],
                                 epilog=" ".join(doc[2:]), formatter_class=HelpFormatter)
@@ -71,12 +73,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_config_flags(p.add_argument_group(
         "model, sampling, compression and engine settings",
         "the run config's keys; flags left out keep the default shown"), CONFIG_KEYS)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Flags checked before any model loads: a bad value, a device this torch lacks or a
+    compression that would never run exits 2 naming it."""
+    p = build_parser()
     args = p.parse_args(argv)
     try:
-        bench_config(args)
+        cfg = bench_config(args)
     except ConfigError as exc:
         p.error(str(exc))
+    problem = device_problem(args.device) or unreachable(
+        cfg.compress, args.prompt_len, args.max_new_tokens, _flag)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     return args
+
+
+def _flag(key: str) -> str:
+    """A config key as this command's flag (the response length is --max-new-tokens)."""
+    return "--max-new-tokens" if key == "max_response_len" else "--" + flag_name(key)
+
+
+def device_problem(device: str) -> str | None:
+    """Why this torch cannot run on `device` (None when it can): one line, not the
+    traceback torch raises at the first tensor."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else "no GPU visible"
+        return (f"--device {device}: torch {torch.__version__} has no CUDA here ({build}); "
+                f"use --device cpu")
+    return None
 
 
 def bench_config(args: argparse.Namespace) -> Config:
@@ -205,9 +234,10 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
               f"{s.tokens_per_s:.0f} tok/s, {s.generated_tokens} tok in {s.wall_s:.2f}s, "
               f"peak kv {s.peak_kv_tokens} tok (per seq {runs[-1]['peak_kv_tokens_per_seq']}, "
               f"{s.peak_pages_used} pages), "
-              f"preemptions {s.preemptions}, compressions {s.compressions}, "
-              f"gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB (this process), "
-              f"{runs[-1]['device_used_gb']:.1f} GiB in use on the device"
+              f"preemptions {s.preemptions}, compressions {s.compressions}"
+              + (f", gpu peak {runs[-1]['peak_gpu_memory_gb']:.1f} GiB (this process), "
+                 f"{runs[-1]['device_used_gb']:.1f} GiB in use on the device"
+                 if args.device.startswith("cuda") else "")
               + (f", bound {runs[-1]['bound_tokens_per_s']:.0f} tok/s "
                  f"(fraction {runs[-1]['bound_fraction']:.3f})" if "bound_fraction" in runs[-1]
                  else "")

@@ -1,0 +1,137 @@
+"""What a run tells the person who started it, besides its per-rollout lines: at start what
+it runs (config, model and whether its weights are random, device, rollouts, the rollout
+KV cache, where outputs go), at the end where its outputs are and the command that plots
+them, and, instead of silently doing nothing, that a finished run is finished and how to
+go on. train.py prints these; they are built here so it stays a readable loop.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from minisparse.compression.trigger import first_compression_len
+from minisparse.config.load import load_config, shipped_configs
+from minisparse.config.schema import Config, ConfigError
+from minisparse.grpo.checkpoint import latest_checkpoint
+from minisparse.models.loading import SHAPES
+
+ALGORITHMS = {"rkv": "R-KV", "snapkv": "SnapKV"}
+
+
+def random_weights(model_path: str) -> bool:
+    """Whether model.path names weights that are made up: the tiny model or a shape."""
+    return model_path == "tiny" or model_path in SHAPES
+
+
+def model_line(cfg: Config) -> str:
+    path = cfg.model.path
+    if path == "tiny":
+        return (f"model: tiny, {cfg.model.dtype}: random weights built locally, so reward "
+                f"and accuracy stay 0; this run checks that the pipeline works, it does not "
+                f"learn (smollm2_cpu learns on a CPU)")
+    if path in SHAPES:
+        return (f"model: {path} shape, {cfg.model.dtype}: random weights (no checkpoint), "
+                f"so reward stays 0; for timing and memory only")
+    return f"model: {path}, {cfg.model.dtype}"
+
+
+def cache_line(cfg: Config, longest_prompt: int) -> str:
+    """The rollout KV cache, and where the first compression falls for the longest prompt."""
+    c = cfg.compress
+    if c.algorithm == "none":
+        return "rollout KV cache: dense (no compression)"
+    how = (f"every {c.divide_length} tokens" if c.divide_method == "step_length"
+           else "at newlines")
+    into = first_compression_len(c, longest_prompt) - 2  # response tokens cached by then
+    when = (f"the longest prompt ({longest_prompt} tokens) is compressed once read" if not into
+            else f"the first compression comes {into} tokens into a response (longest "
+                 f"prompt, {longest_prompt} tokens)")
+    return (f"rollout KV cache: {ALGORITHMS[c.algorithm]}, {c.budget} tokens kept, "
+            f"compressed {how}; {when}")
+
+
+def start_report(cfg: Config, config: str, overrides: list[str], device: str,
+                 processes: int, start_rollout: int, longest_prompt: int) -> str:
+    """Lines printed once the run is set up, before its first rollout."""
+    source = f"config: {config}"
+    if overrides:
+        source += f", with {' '.join(overrides)}"
+    todo = cfg.num_rollout - start_rollout
+    rollouts = (f"rollouts: {todo}, {start_rollout + 1} to {cfg.num_rollout}"
+                + (f" (resumed after rollout {start_rollout})" if start_rollout else "")
+                + f"; each {cfg.rollout_batch_size} prompts x {cfg.n_samples_per_prompt} "
+                  f"samples of up to {cfg.max_response_len} tokens, then "
+                  f"{cfg.num_steps_per_rollout} optimizer steps")
+    every = "rollout" if cfg.save_interval == 1 else f"{cfg.save_interval} rollouts"
+    saves = (f"a checkpoint every {every} and at the end"
+             if cfg.save_interval else "no checkpoints (save_interval 0)")
+    return "\n".join([
+        source,
+        model_line(cfg),
+        f"device: {device}, {processes} process{'es' if processes > 1 else ''}",
+        rollouts,
+        cache_line(cfg, longest_prompt),
+        f"outputs: {cfg.output_dir} (metrics.jsonl, "
+        + ("tensorboard/, " if cfg.log.tensorboard else "") + saves + ")",
+    ])
+
+
+def plot_command(output_dir: str) -> str:
+    return f"python -m minisparse.plot {output_dir}"
+
+
+def end_report(cfg: Config, minutes: float) -> str:
+    """Where the outputs are and how to look at them."""
+    out = Path(cfg.output_dir)
+    lines = [f"finished {cfg.num_rollout} rollouts in {minutes:.1f} min; outputs in {out}/:",
+             f"  metrics.jsonl       one row per rollout"]
+    if cfg.log.tensorboard:
+        lines.append(f"  tensorboard/        tensorboard --logdir {out / 'tensorboard'}")
+    newest = latest_checkpoint(out)
+    if newest is not None:
+        lines.append(f"  {(newest / 'hf').relative_to(out)}/  the trained model "
+                     f"(eval.py --model {newest / 'hf'})")
+    lines.append(f"plot: {plot_command(cfg.output_dir)}  (writes {out / 'curves.png'})")
+    return "\n".join(lines)
+
+
+def finished_message(cfg: Config) -> str | None:
+    """Said instead of starting when output_dir's newest checkpoint already holds every
+    rollout this config asks for (a rerun of the same command would otherwise resume,
+    find nothing to do and exit silently); None when there is work left."""
+    if cfg.resume == "never":
+        return None
+    newest = latest_checkpoint(cfg.output_dir)
+    if newest is None:
+        return None
+    done = json.loads((newest / "trainer_state.json").read_text())["rollout"]
+    if done < cfg.num_rollout:
+        return None
+    return (f"{cfg.output_dir} already holds a finished run: {done} of {cfg.num_rollout} "
+            f"rollouts (checkpoint {newest}). To train on from it, raise num_rollout "
+            f"(--set num_rollout={done + cfg.num_rollout}); to start again, give a new "
+            f"output_dir (--set output_dir=...). Its curves: {plot_command(cfg.output_dir)}")
+
+
+def config_menu() -> str:
+    """The shipped configs, one line each, for a train.py started without --config."""
+    rows = []
+    for name in shipped_configs():
+        try:
+            cfg = load_config(name)
+        except ConfigError as exc:  # a broken shipped config still gets its line
+            rows.append(f"  {name:16} (does not load: {exc})")
+            continue
+        c = cfg.compress
+        cache = "dense" if c.algorithm == "none" else f"{ALGORITHMS[c.algorithm]} {c.budget}"
+        weights = " (random weights)" if random_weights(cfg.model.path) else ""
+        rows.append(f"  {name:16} {cfg.model.path}{weights}, {cache}, {cfg.num_rollout} "
+                    f"rollouts of {cfg.rollout_batch_size} x {cfg.n_samples_per_prompt}")
+    return "\n".join(rows)
+
+
+def no_config_message() -> str:
+    return ("train.py: error: no --config given. Pick a shipped config (--config NAME) or a "
+            "YAML file; to start: tiny_rkv (seconds on any CPU, random weights) or "
+            "smollm2_cpu (a real model learning on a CPU, about 10 minutes):\n"
+            + config_menu())

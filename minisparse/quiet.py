@@ -1,0 +1,35 @@
+"""Library chatter kept out of a run's output unless asked for (log.verbose): DeepSpeed's
+accelerator and op-build lines, transformers' weight loading and shard writing bars and
+its tokenizer warnings. They say nothing about the run, break the rollout progress bar,
+and fill a log file with carriage-return bars. Errors still show.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Iterator
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """Called once, before DeepSpeed is imported (its accelerator choice logs on import)."""
+    if verbose:
+        return
+    import torch
+    import transformers
+
+    if not torch.cuda.is_available():  # what DeepSpeed picks anyway, without the warning
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def hidden_prints(verbose: bool) -> Iterator[None]:
+    """Swallows what a library print()s (DeepSpeed's "... built successfully") unless
+    verbose; its logger's warnings and any exception still come through."""
+    if verbose:
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield

@@ -1,0 +1,81 @@
+"""What a run says at start, at the end, and instead of redoing a finished run."""
+import json
+
+from minisparse.config.load import load_config, shipped_configs
+from minisparse.grpo.checkpoint import MARKER
+from minisparse.grpo.report import (config_menu, end_report, finished_message,
+                                    no_config_message, start_report)
+
+
+def _checkpoint(out, rollout):
+    d = out / "checkpoints" / f"rollout_{rollout:06d}"
+    (d / "hf").mkdir(parents=True)
+    (d / "trainer_state.json").write_text(json.dumps({"rollout": rollout}))
+    (d / MARKER).write_text("done\n")
+    return d
+
+
+def test_start_names_config_model_device_rollouts_cache_and_outputs():
+    cfg = load_config("tiny_rkv", ["num_rollout=5"])
+    text = start_report(cfg, "tiny_rkv", ["num_rollout=5"], "cpu", 1, 2, 30)
+    lines = text.splitlines()
+    assert lines[0] == "config: tiny_rkv, with num_rollout=5"
+    assert lines[1].startswith("model: tiny, float32: random weights")
+    assert "reward and accuracy stay 0" in lines[1]
+    assert lines[2] == "device: cpu, 1 process"
+    assert lines[3].startswith("rollouts: 3, 3 to 5 (resumed after rollout 2); each 4 "
+                               "prompts x 4 samples of up to 48 tokens")
+    # prompt 30 > budget 16 + divide_length 8: compressed as soon as it is read
+    assert lines[4] == ("rollout KV cache: R-KV, 16 tokens kept, compressed every 8 tokens; "
+                        "the longest prompt (30 tokens) is compressed once read")
+    assert lines[5] == ("outputs: outputs/tiny_rkv (metrics.jsonl, tensorboard/, a checkpoint "
+                        "every rollout and at the end)")
+
+
+def test_start_of_a_real_model_dense_run():
+    cfg = load_config("smollm2_dense")
+    text = start_report(cfg, "smollm2_dense", [], "cuda:0", 4, 0, 59)
+    assert "model: checkpoints/smollm2-135m-instruct, bfloat16" in text
+    assert "random" not in text
+    assert "device: cuda:0, 4 processes" in text
+    assert "rollout KV cache: dense (no compression)" in text
+    cfg = load_config("smollm2_rkv")
+    text = start_report(cfg, "smollm2_rkv", [], "cpu", 1, 0, 59)
+    # budget 80, every 16: past the budget at 22 tokens, due at 16 since the prompt -> 22
+    assert "the first compression comes 22 tokens into a response (longest prompt, 59" in text
+
+
+def test_end_names_outputs_newest_model_and_plot_command(tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config("tiny_rkv", [f"output_dir={out}"])
+    _checkpoint(out, 2)
+    newest = _checkpoint(out, 3)
+    text = end_report(cfg, 0.5)
+    assert text.splitlines()[0] == f"finished 3 rollouts in 0.5 min; outputs in {out}/:"
+    assert f"tensorboard --logdir {out / 'tensorboard'}" in text
+    assert f"eval.py --model {newest / 'hf'}" in text
+    assert text.splitlines()[-1].startswith(f"plot: python -m minisparse.plot {out}")
+
+
+def test_finished_run_says_so_and_how_to_go_on(tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config("tiny_rkv", [f"output_dir={out}"])
+    assert finished_message(cfg) is None  # nothing there yet
+    _checkpoint(out, 2)
+    assert finished_message(cfg) is None  # rollout 3 still to do
+    _checkpoint(out, 3)
+    text = finished_message(cfg)
+    assert f"{out} already holds a finished run: 3 of 3 rollouts" in text
+    assert "--set num_rollout=6" in text and "--set output_dir=" in text
+    more = load_config("tiny_rkv", [f"output_dir={out}", "num_rollout=4"])
+    assert finished_message(more) is None  # resumes
+    fresh = load_config("tiny_rkv", [f"output_dir={out}", "resume=never"])
+    assert finished_message(fresh) is None  # starts again, as asked
+
+
+def test_no_config_lists_every_shipped_config():
+    text = no_config_message()
+    assert "no --config given" in text and "tiny_rkv" in text and "smollm2_cpu" in text
+    menu = config_menu().splitlines()
+    assert [line.split()[0] for line in menu] == shipped_configs()
+    assert "tiny (random weights), R-KV 16, 3 rollouts of 4 x 4" in config_menu()
