@@ -133,10 +133,10 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     policy, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     if checked.eval_problems is not None:
         check_prompt_template(tokenizer, cfg.eval.prompt_template)
-    use_attention(policy, cfg.model.attention)  # the reference copy inherits these
+    attention = use_attention(policy, cfg.model.attention)  # the reference copy inherits these
     kernels = use_liger_kernel(policy, cfg.model.liger_kernel, device.type == "cuda")
     if dist.rank() == 0:
-        print(f"training passes: {cfg.model.attention} attention, {kernels}", flush=True)
+        print(f"training passes: {attention}, {kernels}", flush=True)
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     ref_model = None

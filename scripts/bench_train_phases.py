@@ -8,8 +8,12 @@ synthetic rollout batch shaped like a random-weight rollout (every response runs
 --response-len), then train.py's own `logprob_phase` and `update_phase` (with `phase`
 timing and memory, and `perf_metrics`) for each variant, each run --repeats times on
 the same batch. Variants set model.attention, model.logprob_chunk, max_tokens_per_gpu
-and gradient checkpointing. Before any update, the old log-probs of the first variant
-and each other one are compared on the same weights (relative L2 over response tokens).
+and gradient checkpointing; `after` is train.py's defaults (attention auto: flash-attn-4
+where it runs, else torch's varlen kernel; each row names the one that ran), and
+`torch_varlen` / `flash_attn` the same with that attention asked for by name
+(`--variants torch_varlen,flash_attn` compares the two; flash_attn stops with the reason
+where it cannot run). Before any update, the old log-probs of the first variant and
+each other one are compared on the same weights (relative L2 over response tokens).
 The rollout, reward and swap phases are left out: no engine is built.
 """
 
@@ -43,9 +47,12 @@ from minisparse.models.loading import load_policy  # noqa: E402
 VARIANTS = {
     "before": ("sdpa", 0, 4096, True),
     "varlen": ("varlen", 0, 4096, True),
-    "after": ("varlen", 1024, 16384, True),
-    "after_nockpt": ("varlen", 1024, 8192, False),
+    "after": ("auto", 1024, 16384, True),
+    "after_nockpt": ("auto", 1024, 8192, False),
+    "torch_varlen": ("varlen", 1024, 16384, True),
+    "flash_attn": ("flash_attn", 1024, 16384, True),
 }
+DEFAULT_VARIANTS = "before,varlen,after,after_nockpt"  # those that run on any GPU
 
 
 def synthetic_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed: int) -> RolloutBatch:
@@ -69,20 +76,22 @@ def synthetic_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed
     )
 
 
-def apply_variant(run: train.Run, name: str) -> None:
+def apply_variant(run: train.Run, name: str) -> str:
+    """Set the variant up; returns the attention it runs (use_attention's words)."""
     attention, chunk, max_tokens, ckpt = VARIANTS[name]
     cfg = run.cfg
     cfg.model = dataclasses.replace(cfg.model, attention=attention, logprob_chunk=chunk,
                                     gradient_checkpointing=ckpt)
     cfg.max_tokens_per_gpu = max_tokens
     module = run.train_engine.module
-    use_attention(module, attention)
-    if run.ref_model is not None:
-        use_attention(run.ref_model, attention)
+    words = use_attention(module, attention)
+    if run.ref_model is not None:  # kept on the CPU: it takes the policy's choice as is
+        run.ref_model.set_attn_implementation(module.config._attn_implementation)
     if ckpt:
         module.gradient_checkpointing_enable()
     else:
         module.gradient_checkpointing_disable()
+    return words
 
 
 def compare_logprobs(run: train.Run, batch: RolloutBatch, names: list[str], n: int) -> dict:
@@ -102,14 +111,14 @@ def compare_logprobs(run: train.Run, batch: RolloutBatch, names: list[str], n: i
 
 
 def run_variant(run: train.Run, batch: RolloutBatch, name: str) -> dict:
-    apply_variant(run, name)
+    attention = apply_variant(run, name)
     metrics: dict[str, float] = {}
     with phase("logprobs", metrics, run.device):
         train.logprob_phase(run, batch, metrics)
     with phase("update", metrics, run.device):
         train.update_phase(run, batch, metrics)
     metrics.update(train.perf_metrics(run, batch, metrics))
-    return metrics
+    return {"attention": attention, **metrics}
 
 
 def build(cfg) -> train.Run:
@@ -134,7 +143,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=160)
     parser.add_argument("--response-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS,
+                        help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--compare-samples", type=int, default=16)
     parser.add_argument("--json", default=None, help="write all metrics here")
     parser.add_argument("--profile", type=int, default=0, metavar="ROWS",

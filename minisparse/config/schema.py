@@ -43,7 +43,7 @@ TisMode = Literal["truncate", "clip", "mask"]
 PromptTemplate = Literal["boxed", "chat", "user"]  # user: a synthetic training row's turn
 Resume = Literal["auto", "never"]
 # Training-pass attention over packed rows (grpo/attention.py).
-Attention = Literal["varlen", "sdpa"]
+Attention = Literal["auto", "flash_attn", "varlen", "sdpa"]
 # Operators of the generated arithmetic (data/synthetic.py; * is rendered as \times).
 Operator = Literal["+", "-", "*"]
 # Liger Kernel's fused RMSNorm, SwiGLU and RoPE in the training passes (models/liger.py).
@@ -80,9 +80,12 @@ class ModelConfig:
     path: str = "tiny"
     dtype: Dtype = "bfloat16"
     gradient_checkpointing: bool = False
-    # varlen: flash varlen kernel on CUDA (one causal SDPA per sequence elsewhere), no
-    # mask; sdpa: transformers' dense block-diagonal mask over the packed row.
-    attention: Attention = "varlen"
+    # Training-pass attention over packed rows, no mask: flash_attn: flash-attn-4's varlen
+    # kernel (Hopper/Blackwell GPU, optional install; fails at start where it cannot run);
+    # varlen: torch's flash varlen kernel on CUDA, one causal SDPA per sequence elsewhere;
+    # auto: flash_attn where it can run, else varlen. sdpa: transformers' dense
+    # block-diagonal mask over the packed row.
+    attention: Attention = "auto"
     # LM head + log-softmax fused over chunks of this many tokens (grpo/fused_logprobs.py);
     # 0 materialises the [tokens x vocabulary] logits.
     logprob_chunk: NonNegativeInt = 1024

@@ -1,7 +1,7 @@
 """Dense log-probs of response tokens, for packed prompt+response sequences.
 
 One forward over a single row holding several sequences back to back, with
-position_ids restarting at 0 for each. Under our "varlen" attention (attention.py) the
+position_ids restarting at 0 for each. Under our packed attentions (attention.py) the
 sequences' boundaries go to a variable-length kernel; under "sdpa" transformers builds a
 block-diagonal causal mask. Either way no padding is computed and the result equals
 per-sequence forwards (tests/grpo/test_logprobs.py checks it). Only the response
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisparse.grpo.attention import NAME as VARLEN, packing_kwargs
+from minisparse.grpo.attention import PACKED, packing_kwargs
 from minisparse.grpo.batching import pack_by_tokens
 from minisparse.grpo.fused_logprobs import entropy_from, fused_logprobs
 
@@ -76,7 +76,7 @@ def _packed_hidden(
     device = next(model.parameters()).device
     input_ids, position_ids = pack_sequences(seqs, device)
     extra = {}
-    if model.config._attn_implementation == VARLEN:
+    if model.config._attn_implementation in PACKED:
         extra = packing_kwargs([len(s) for s in seqs], device)
     hidden = model.model(
         input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra

@@ -2,13 +2,19 @@ import pytest
 import torch
 from grpo_models import tiny_qwen2
 
+from minisparse.config.schema import ConfigError
+from minisparse.grpo import attention
 from minisparse.grpo.attention import (
+    FLASH_NAME,
     NAME,
     _per_sequence_sdpa,
+    flash_attn_missing,
     packing_kwargs,
+    resolve_attention,
     use_attention,
     varlen_attention_forward,
 )
+from minisparse.grpo.logprobs import response_logprobs
 
 
 def _qkv(lengths, hq=4, hkv=2, d=8, device="cpu", dtype=torch.float64, seed=0):
@@ -58,12 +64,89 @@ def test_lengths_that_do_not_tile_the_row_are_named():
 
 def test_use_attention_switches_and_rejects_unknown():
     model = tiny_qwen2(vocab=31, hidden=16, layers=1, heads=2, kv_heads=1)
-    use_attention(model, "varlen")
-    assert model.config._attn_implementation == NAME
-    use_attention(model, "sdpa")
+    for kind in ("varlen", "auto"):
+        words = use_attention(model, kind)
+        assert model.config._attn_implementation == NAME
+        assert words == (f"per-sequence SDPA attention (model.attention={kind}: "
+                         f"the policy is not on a CUDA GPU)")
+    assert use_attention(model, "sdpa").startswith("transformers' SDPA attention")
     assert model.config._attn_implementation == "sdpa"
-    with pytest.raises(ValueError, match="attention must be one of varlen, sdpa"):
+    with pytest.raises(ValueError, match="attention must be one of auto, flash_attn, varlen, sdpa"):
         use_attention(model, "flash")
+
+
+def _on_gpu(monkeypatch, capability, installed=True, first_call=None):
+    """Pretend the (CPU) model sits on a GPU of this compute capability."""
+    monkeypatch.setattr(attention, "_gpu_capability", lambda device: ("GPU X", capability))
+    monkeypatch.setattr(attention, "_flash_installed", lambda: installed)
+    monkeypatch.setattr(attention, "_flash_first_call", lambda *shape: first_call)
+
+
+def test_flash_attn_asked_for_where_it_cannot_run_names_why(monkeypatch):
+    model = tiny_qwen2(vocab=31, hidden=64, layers=1, heads=4, kv_heads=2)  # head dim 16
+    with pytest.raises(ConfigError,
+                       match="model.attention=flash_attn but the policy is not on a CUDA GPU"):
+        use_attention(model, "flash_attn")
+    _on_gpu(monkeypatch, (8, 0))
+    with pytest.raises(ConfigError, match=r"GPU X, compute capability 8\.0\) is neither Hopper"):
+        use_attention(model, "flash_attn")
+    _on_gpu(monkeypatch, (9, 0), installed=False)
+    with pytest.raises(ConfigError, match="flash-attn-4 is not installed"):
+        use_attention(model, "flash_attn")
+    _on_gpu(monkeypatch, (9, 0))
+    assert flash_attn_missing(model) == ("model.dtype is float32; flash-attn-4 runs "
+                                         "bfloat16 or float16")
+    model.to(torch.bfloat16)
+    assert flash_attn_missing(model) is None
+    _on_gpu(monkeypatch, (9, 0), first_call="flash-attn-4 failed a first call (boom)")
+    with pytest.raises(ConfigError, match=r"flash-attn-4 failed a first call \(boom\)"):
+        use_attention(model, "flash_attn")
+    assert model.config._attn_implementation == "sdpa"  # left as it was
+
+
+def test_flash_attn_head_dims_per_gpu(monkeypatch):
+    narrow = tiny_qwen2(vocab=31, hidden=16, layers=1, heads=4, kv_heads=2).bfloat16()
+    wide = tiny_qwen2(vocab=31, hidden=192, layers=1, heads=1, kv_heads=1).bfloat16()
+    _on_gpu(monkeypatch, (9, 0))
+    assert flash_attn_missing(narrow) == ("head dim 4 is not one flash-attn-4 takes on "
+                                          "Hopper (a multiple of 8 from 8 to 256)")
+    assert flash_attn_missing(wide) is None  # 192 on Hopper
+    _on_gpu(monkeypatch, (10, 0))
+    assert "head dim 192 is not one flash-attn-4 takes on Blackwell" in flash_attn_missing(wide)
+
+
+def test_auto_takes_flash_attn_where_it_runs_else_varlen(monkeypatch):
+    model = tiny_qwen2(vocab=31, hidden=64, layers=1, heads=4, kv_heads=2).bfloat16()
+    _on_gpu(monkeypatch, (9, 0))
+    assert resolve_attention(model, "auto") == (
+        "flash_attn", "flash-attn-4 varlen attention (model.attention=auto)")
+    assert resolve_attention(model, "varlen")[0] == "varlen"  # asked for by name
+    for capability, installed in (((8, 6), True), ((9, 0), False)):
+        _on_gpu(monkeypatch, capability, installed)
+        assert resolve_attention(model, "auto")[0] == "varlen"
+    _on_gpu(monkeypatch, (10, 0), first_call="flash-attn-4 failed a first call (boom)")
+    assert resolve_attention(model, "auto")[0] == "varlen"
+
+
+def test_flash_attn_model_logprobs_equal_varlen_ones(monkeypatch):
+    """Chosen on a (pretended) Hopper GPU, the log-prob pass hands the flash attention
+    the packing (here on the CPU it then runs per sequence) and gets varlen's numbers."""
+    model = tiny_qwen2(vocab=97, hidden=32, layers=2, heads=4, kv_heads=2).eval()
+    prompts, responses = [[1, 2, 3], [4, 5], [6]], [[7, 8], [9, 10, 11], [12, 13]]
+    calls = []
+    monkeypatch.setattr(attention, "_per_sequence_sdpa",
+                        lambda *a: calls.append(a[3]) or _per_sequence_sdpa(*a))
+    with torch.no_grad():
+        use_attention(model, "varlen")
+        ref, _ = response_logprobs(model, prompts, responses, width=3)
+        _on_gpu(monkeypatch, (9, 0))
+        monkeypatch.setattr(attention, "flash_attn_missing", lambda model: None)  # float32
+        use_attention(model, "auto")
+        assert model.config._attn_implementation == FLASH_NAME
+        calls.clear()
+        logp, _ = response_logprobs(model, prompts, responses, width=3)
+    assert calls == [(5, 5, 3)] * 2  # one call a layer, with the packed lengths
+    torch.testing.assert_close(logp, ref, rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
