@@ -29,7 +29,7 @@ def test_every_shipped_config_loads(name):
 def test_all_expected_configs_shipped():
     expected = {"qwen3b_rkv", "qwen3b_dense", "qwen3b_snapkv", "qwen1.5b_rkv",
                 "qwen7b_rkv", "llama1b_rkv", "tiny_rkv", "tiny_dense", "smollm2_cpu",
-                "smollm2_cpu_rkv"}
+                "smollm2_cpu_rkv", "qwen3b_dapo"}
     assert expected <= set(SHIPPED)
 
 
@@ -69,6 +69,7 @@ def test_variants_differ_from_qwen3b_rkv_only_where_intended():
     assert diff("qwen3b_snapkv") == {"compress.algorithm", "output_dir"}
     assert diff("qwen7b_rkv") == {"model.path", "output_dir"}
     assert diff("llama1b_rkv") == {"model.path", "output_dir", "data.path"}
+    assert diff("qwen3b_dapo") == {"output_dir", "data.path", "data.apply_chat_template"}
     assert load_config("llama1b_rkv").data.path == "data/simplelr_level3to5.jsonl"
 
 
