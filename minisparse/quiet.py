@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 from collections.abc import Iterator
 
 
@@ -33,3 +34,20 @@ def hidden_prints(verbose: bool) -> Iterator[None]:
         return
     with contextlib.redirect_stdout(io.StringIO()):
         yield
+
+
+@contextlib.contextmanager
+def hidden_bars(verbose: bool) -> Iterator[None]:
+    """Swallows what a library writes to stderr itself, past transformers' switch (the
+    GGUF reader's raw tqdm bar), unless verbose; if the block fails, what it wrote is
+    shown after all, since it may explain the failure."""
+    if verbose:
+        yield
+        return
+    written = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(written):
+            yield
+    except BaseException:
+        sys.stderr.write(written.getvalue())
+        raise

