@@ -18,6 +18,9 @@ engine that samples with the policy's own weights. Each rollout:
 
 GPU memory changes hands between phases: during the rollout the optimizer states sit on
 the CPU and the engine's KV pool is allocated; for the update the pool is released.
+Before any model loads, the memory plan (grpo/memory_plan.py) estimates each phase's peak
+against the GPU, chooses gradient checkpointing and the micro-batch budgets, and stops
+with one line a run whose settings cannot fit.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ from minisparse.grpo.memory import (
     train_memory,
     visiting,
 )
+from minisparse.grpo.memory_plan import (MemoryPlan, comparison_line, plan_errors,
+                                         plan_memory, plan_metrics)
 from minisparse.grpo.metric import Sum
 from minisparse.grpo.mismatch import mismatch_metrics
 from minisparse.grpo.optim import TrainingStateOffload, build_train_engine
@@ -90,6 +95,7 @@ class Run:
     offload: TrainingStateOffload  # moves optimizer states off the GPU for the rollout
     ref_model: torch.nn.Module | None
     llm: RolloutBackend  # native LLMEngine or SGLang, over the policy's weights
+    plan: MemoryPlan  # gradient checkpointing, micro-batch budgets, optimizer offload
     tokenizer: Any
     rows: list[PromptRow]
     sampler: PromptSampler
@@ -123,10 +129,14 @@ def parse_args() -> tuple[Config, argparse.Namespace]:
 
 
 def setup(cfg: Config, resume_required: bool) -> Run:
-    """Process group, pre-flight checks, policy (+ reference), DeepSpeed, data, engine,
-    resume, logger."""
+    """Process group, pre-flight checks, memory plan, policy (+ reference), DeepSpeed,
+    data, engine, resume, logger."""
     device = dist.init_distributed()
     checked = check_run(cfg, dist.world_size(), resume_required)  # before any model loads
+    plan = plan_memory(cfg, device, dist.world_size())  # also before: exits 2 if it cannot fit
+    if dist.rank() == 0:
+        print(plan.table(), flush=True)
+        plan.save(cfg.output_dir)
     random.seed(cfg.seed + dist.rank())
     torch.manual_seed(cfg.seed + dist.rank())
 
@@ -137,7 +147,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     kernels = use_liger_kernel(policy, cfg.model.liger_kernel, device.type == "cuda")
     if dist.rank() == 0:
         print(f"training passes: {attention}, {kernels}", flush=True)
-    if cfg.model.gradient_checkpointing:
+    if plan.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     ref_model = None
     if cfg.loss.kl_coef > 0:  # a frozen copy on the CPU; no reference model otherwise
@@ -178,6 +188,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
         offload=offload,
         ref_model=ref_model,
         llm=llm,
+        plan=plan,
         tokenizer=tokenizer,
         rows=rows,
         sampler=sampler,
@@ -244,7 +255,7 @@ def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
 def logprob_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     """Dense old (and reference) log-probs, mismatch metrics, Sparse-RL corrections."""
     cfg, module = run.cfg, run.train_engine.module
-    args = (batch.prompts, batch.responses, batch.width, cfg.max_tokens_per_gpu, cfg.temperature,
+    args = (batch.prompts, batch.responses, batch.width, run.plan.logprob_tokens, cfg.temperature,
             cfg.model.logprob_chunk)
     module.eval()
     batch.old_logp = batch_logprobs(module, *args)
@@ -259,7 +270,8 @@ def logprob_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
 
 def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     """Optimizer steps; averages the per-step metrics, counts skipped (non-finite) steps."""
-    steps = train_on_rollout(run.train_engine, batch, run.cfg)
+    offload = run.offload if run.plan.optimizer_offload else None  # (memory plan)
+    steps = train_on_rollout(run.train_engine, batch, run.cfg, offload)
     for key in steps[0]:
         if key not in ("train/step_skipped", "time/optimizer_step_s"):
             metrics[key] = mean(s[key] for s in steps)
@@ -333,6 +345,7 @@ def train(run: Run) -> None:
     bar = _progress(rollouts, cfg.num_rollout, enabled=dist.rank() == 0 and sys.stdout.isatty())
     for rollout in bar:
         metrics: dict[str, float] = {}
+        steps_done = run.train_engine.global_steps
         with phase("swap_to_rollout", metrics, run.device):
             rollout_memory(run.offload, run.llm, run.device)
         with phase("rollout", metrics, run.device):
@@ -346,14 +359,18 @@ def train(run: Run) -> None:
         with phase("update", metrics, run.device):
             update_phase(run, batch, metrics)
         metrics.update(perf_metrics(run, batch, metrics))
+        metrics.update(plan_metrics(run.plan, batch, cfg.num_steps_per_rollout, steps_done))
 
         metrics = reduce_metrics(metrics)
+        metrics.update(plan_errors(metrics))  # measured / planned peaks - 1
         if cfg.eval_interval and rollout % cfg.eval_interval == 0:
             with phase("eval", metrics, run.device):
                 eval_phase(run, rollout, metrics)
         run.logger.log(rollout, metrics)
         if dist.rank() == 0:
             bar.write(summary_line(rollout, metrics, cfg.num_rollout))
+            if rollout == run.start_rollout + 1 and comparison_line(metrics):
+                bar.write(comparison_line(metrics))
         stop = run.nonfinite_steps >= max(1, cfg.max_nonfinite_steps)
         if cfg.save_interval and (
             rollout % cfg.save_interval == 0 or rollout == cfg.num_rollout or stop

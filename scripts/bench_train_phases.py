@@ -38,6 +38,7 @@ from minisparse.grpo.attention import use_attention  # noqa: E402
 from minisparse.grpo.flops import flop_shape, peak_flops  # noqa: E402
 from minisparse.grpo.logprobs import batch_logprobs  # noqa: E402
 from minisparse.grpo.memory import phase  # noqa: E402
+from minisparse.grpo.memory_plan import not_planned  # noqa: E402
 from minisparse.grpo.optim import TrainingStateOffload, build_train_engine  # noqa: E402
 from minisparse.grpo.rollout import RolloutBatch  # noqa: E402
 from minisparse.models.liger import use_liger_kernel  # noqa: E402
@@ -81,8 +82,9 @@ def apply_variant(run: train.Run, name: str) -> str:
     attention, chunk, max_tokens, ckpt = VARIANTS[name]
     cfg = run.cfg
     cfg.model = dataclasses.replace(cfg.model, attention=attention, logprob_chunk=chunk,
-                                    gradient_checkpointing=ckpt)
+                                    gradient_checkpointing=str(ckpt).lower())
     cfg.max_tokens_per_gpu = max_tokens
+    run.plan = not_planned(cfg)  # the variant's settings as given
     module = run.train_engine.module
     words = use_attention(module, attention)
     if run.ref_model is not None:  # kept on the CPU: it takes the policy's choice as is
@@ -132,7 +134,8 @@ def build(cfg) -> train.Run:
     engine = build_train_engine(policy, cfg, cfg.num_rollout * cfg.num_steps_per_rollout, device)
     return train.Run(
         cfg=cfg, device=device, train_engine=engine, offload=TrainingStateOffload(engine),
-        ref_model=ref, llm=None, tokenizer=tokenizer, rows=[], sampler=None, logger=None,
+        ref_model=ref, llm=None, plan=not_planned(cfg), tokenizer=tokenizer, rows=[],
+        sampler=None, logger=None,
         flops=flop_shape(policy), peak=peak_flops(cfg.log.peak_tflops, device),
     )
 

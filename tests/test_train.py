@@ -130,6 +130,9 @@ def runs(tmp_path_factory, _minisparse_cache):
     assert f"resumed from {newest} " in second.stdout
     third = _train(straight, *EVERY, cache=_minisparse_cache)
     assert third.returncode == 0, third.stderr[-3000:]
+    # no GPU: the memory plan says so in one line and the run goes on as before
+    assert third.stdout.startswith("memory plan: no GPU, not planned (gradient checkpointing "
+                                   "off; gpu_memory_gb plans for a GPU of that size)\n")
     return resumed, straight
 
 

@@ -133,6 +133,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     elif inner is str or _is_choice(inner):  # choices are checked by validate_config
         if isinstance(value, str):
             return value
+        if isinstance(value, bool) and str(value).lower() in typing.get_args(inner):
+            return str(value).lower()  # YAML's true / false for an auto | true | false key
     raise ConfigError(
         f"config key '{key}' expects {_type_name(hint)}, got {value!r} ({type(value).__name__})"
     )
@@ -178,6 +180,9 @@ def _parse_override(item: str) -> tuple[str, Any]:
     key, text = (s.strip() for s in item.split("=", 1))
     hint = _leaf_hint(key)
     inner, optional = _split_optional(hint)
+    if _is_choice(inner) and text.lower() in ("true", "false") \
+            and "true" in typing.get_args(inner):
+        return key, text.lower()  # True -> true for an auto | true | false key
     if (inner is str or _is_choice(inner)) and not (optional and text in ("null", "None", "~")):
         return key, text
     try:

@@ -48,6 +48,8 @@ Attention = Literal["auto", "flash_attn", "varlen", "sdpa"]
 Operator = Literal["+", "-", "*"]
 # Liger Kernel's fused RMSNorm, SwiGLU and RoPE in the training passes (models/liger.py).
 Switch = Literal["auto", "on", "off"]
+# A switch the memory plan (grpo/memory_plan.py) sets when auto; YAML's true/false work too.
+AutoBool = Literal["auto", "true", "false"]
 
 
 def choices(kind: object) -> tuple[str, ...]:
@@ -79,7 +81,9 @@ class ModelConfig:
     # local HF checkpoint directory, or a shape name (qwen2.5-3b, ...) for random weights.
     path: str = "tiny"
     dtype: Dtype = "bfloat16"
-    gradient_checkpointing: bool = False
+    # Recompute each decoder layer's activations in the backward (HF's checkpointing):
+    # auto turns it on only where the memory plan finds the update does not fit without.
+    gradient_checkpointing: AutoBool = "auto"
     # Training-pass attention over packed rows, no mask: flash_attn: flash-attn-4's varlen
     # kernel (Hopper/Blackwell GPU, optional install; fails at start where it cannot run);
     # varlen: torch's flash varlen kernel on CUDA, one causal SDPA per sequence elsewhere;
@@ -262,6 +266,13 @@ class Config:
     num_steps_per_rollout: Count = 4
     max_tokens_per_gpu: Count = 8192
     zero_stage: ZeroStage = 2
+    # AdamW moments and fp32 master weights wait on the CPU during the update's forward and
+    # backward passes, back for each optimizer step; auto: only where the memory plan
+    # finds nothing else fits.
+    optimizer_offload: AutoBool = "auto"
+    # GiB of GPU memory the memory plan may count on; 0: what is free on the GPU at start.
+    # Without a GPU, a value > 0 plans (and checks) for a GPU of that size.
+    gpu_memory_gb: NonNegative = 0.0
     seed: NonNegativeInt = 42
     output_dir: str = "outputs/run"
     save_interval: NonNegativeInt = 10

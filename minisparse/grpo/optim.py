@@ -11,7 +11,9 @@ shared-memory all-reduce op at start-up (see skip_unused_ops).
 
 Memory phases: during rollout the optimizer states, fp32 master weights and gradient
 buffers go to CPU (offload_states, available for ZeRO 1/2 and 3 in deepspeed 0.19.8);
-the bf16 weights stay on the GPU, since the engine samples with them.
+the bf16 weights stay on the GPU, since the engine samples with them. Where the memory
+plan asks for it (optimizer_offload), the optimizer states and master weights also wait
+on the CPU during the update's forward and backward passes.
 """
 
 from __future__ import annotations
@@ -136,10 +138,19 @@ class TrainingStateOffload:
         self.active = engine.zero_optimization_stage() > 0 and device.type == "cuda"
 
     def offload(self) -> None:
+        """Everything the update alone needs: for the rollout."""
+        self._offload("optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer")
+
+    def offload_optimizer(self) -> None:
+        """AdamW moments and fp32 master weights, for the update's forward and backward
+        passes (optimizer_offload): reload() brings them back for the optimizer step."""
+        self._offload("optim_states", "hp_params")
+
+    def _offload(self, *names: str) -> None:
         if self.active:
             from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
 
-            include = [S.optim_states, S.hp_params, S.lp_grads, S.contiguous_grad_buffer]
+            include = [getattr(S, name) for name in names]
             self.engine.offload_states(include=include, pin_memory=True)
 
     def reload(self) -> None:

@@ -23,6 +23,7 @@ from minisparse.grpo.batching import equalize_across_ranks, pack_by_tokens, spli
 from minisparse.grpo.distributed import all_reduce, world_size
 from minisparse.grpo.logprobs import response_logprobs
 from minisparse.grpo.loss import grpo_loss, step_denominator
+from minisparse.grpo.optim import TrainingStateOffload
 from minisparse.grpo.rollout import RolloutBatch
 
 
@@ -83,9 +84,11 @@ def micro_batch_loss(model, batch: RolloutBatch, rows: list[int], cfg: Config, d
 
 
 def optimizer_step(
-    train_engine, batch: RolloutBatch, samples: list[int], cfg: Config
+    train_engine, batch: RolloutBatch, samples: list[int], cfg: Config,
+    offload: TrainingStateOffload | None = None,
 ) -> dict[str, float]:
-    """Forward/backward over samples in packed micro-batches, then one optimizer step."""
+    """Forward/backward over samples in packed micro-batches, then one optimizer step.
+    offload: optimizer states wait on the CPU during the micro-batches (memory plan)."""
     local = step_denominator(batch.keep[samples], cfg.loss.aggregation)
     total = all_reduce(torch.tensor([local], dtype=torch.float64)).item()
     # DeepSpeed averages gradients over ranks, so each rank divides by total / world; the
@@ -95,6 +98,8 @@ def optimizer_step(
     groups = equalize_across_ranks(pack_by_tokens(lengths, cfg.max_tokens_per_gpu))
     sums: dict[str, float] = defaultdict(float)
     finite = True
+    if offload is not None:
+        offload.offload_optimizer()
     for group in groups:
         if not group:
             _constant_backward(train_engine, 0.0)
@@ -108,6 +113,8 @@ def optimizer_step(
             _constant_backward(train_engine, float("nan"))
         for key, value in metrics.items():
             sums[key] += value.item()
+    if offload is not None:
+        offload.reload()
     step_s = _timed(train_engine.step, device_of(train_engine))
     grad_norm = train_engine.get_global_grad_norm()
     grad_norm = float("nan") if grad_norm is None else float(grad_norm)
@@ -122,10 +129,11 @@ def optimizer_step(
     }
 
 
-def train_on_rollout(train_engine, batch: RolloutBatch, cfg: Config) -> list[dict[str, float]]:
+def train_on_rollout(train_engine, batch: RolloutBatch, cfg: Config,
+                     offload: TrainingStateOffload | None = None) -> list[dict[str, float]]:
     """Metrics of each of the num_steps_per_rollout optimizer steps."""
     train_engine.module.train()
     return [
-        optimizer_step(train_engine, batch, samples, cfg)
+        optimizer_step(train_engine, batch, samples, cfg, offload)
         for samples in split_steps(len(batch), cfg.num_steps_per_rollout)
     ]

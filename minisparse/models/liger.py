@@ -26,16 +26,27 @@ def liger_available() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
+def _missing(family: str, on_gpu: bool) -> list[str]:
+    """Why Liger's kernels cannot run here (empty: they can)."""
+    return [why for ok, why in (
+        (liger_available(), "liger-kernel is not installed (pip install liger-kernel)"),
+        (on_gpu, "the policy is not on a GPU"),
+        (family in FAMILIES, f"model type {family!r} is not one of {', '.join(FAMILIES)}"),
+    ) if not ok]
+
+
+def liger_applies(mode: Switch, family: str, on_gpu: bool) -> bool:
+    """Whether use_liger_kernel will patch a model of this family (the memory plan counts
+    the training passes' activations before the model loads)."""
+    return mode != "off" and not _missing(family, on_gpu)
+
+
 def use_liger_kernel(model: nn.Module, mode: Switch, on_gpu: bool) -> str:
     """Patch model in place where mode and the machine allow; returns what the training
     passes run, for the start-up report. mode "on" without the library, a GPU or a
     supported family is a ConfigError naming the key."""
     family = getattr(model.config, "model_type", "")
-    missing = [why for ok, why in (
-        (liger_available(), "liger-kernel is not installed (pip install liger-kernel)"),
-        (on_gpu, "the policy is not on a GPU"),
-        (family in FAMILIES, f"model type {family!r} is not one of {', '.join(FAMILIES)}"),
-    ) if not ok]
+    missing = _missing(family, on_gpu)
     if mode == "off" or (mode == "auto" and missing):
         reason = "off" if mode == "off" else missing[0]
         return f"PyTorch RMSNorm/SwiGLU/RoPE (model.liger_kernel={mode}: {reason})"

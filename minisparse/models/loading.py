@@ -125,6 +125,23 @@ def check_model_path(path: str) -> Path | None:
     return Path(path)
 
 
+def model_config(path: str):
+    """The transformers config of model.path ("tiny", a SHAPES name or a local HF
+    directory), without its weights: the memory plan reads the shape from it."""
+    from transformers import AutoConfig
+
+    if path in SHAPES:
+        return shape_config(path)
+    return AutoConfig.from_pretrained(_local_dir(path), local_files_only=True)
+
+
+def _local_dir(path: str) -> Path:
+    """The HF directory of "tiny" (built and cached) or of a local checkpoint."""
+    from minisparse.models.tiny import build_tiny
+
+    return build_tiny() if path == "tiny" else check_model_path(path)
+
+
 def load_policy(path: str, dtype: str = "bfloat16", device: Any = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) for "tiny", a SHAPES name, or a local HF checkpoint directory.
 
@@ -133,13 +150,13 @@ def load_policy(path: str, dtype: str = "bfloat16", device: Any = "cpu") -> tupl
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from minisparse.models.tiny import build_tiny, build_tokenizer
+    from minisparse.models.tiny import build_tokenizer
 
     if path in SHAPES:
         model = build_shape_model(path, dtype, device)
         tokenizer = build_tokenizer(vocab_size=model.config.vocab_size)
     else:
-        local = build_tiny() if path == "tiny" else check_model_path(path)
+        local = _local_dir(path)
         model = AutoModelForCausalLM.from_pretrained(
             local, dtype=_torch_dtype(dtype), local_files_only=True
         ).to(device)

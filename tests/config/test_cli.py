@@ -70,14 +70,14 @@ def test_a_changed_schema_default_changes_the_help(monkeypatch):
 
 
 def test_bool_flags_flip_their_default(monkeypatch):
-    monkeypatch.setitem(HELP, "model.gradient_checkpointing", "recompute activations")
-    parser = _parser(["engine.cuda_graphs", "model.gradient_checkpointing"])
-    args = parser.parse_args(["--no-cuda-graphs", "--gradient-checkpointing"])
-    assert config_overrides(args, ["engine.cuda_graphs", "model.gradient_checkpointing"]) == [
-        "engine.cuda_graphs=false", "model.gradient_checkpointing=true"]
+    monkeypatch.setitem(HELP, "data.apply_chat_template", "wrap prompts in the template")
+    parser = _parser(["engine.cuda_graphs", "data.apply_chat_template"])
+    args = parser.parse_args(["--no-cuda-graphs", "--apply-chat-template"])
+    assert config_overrides(args, ["engine.cuda_graphs", "data.apply_chat_template"]) == [
+        "engine.cuda_graphs=false", "data.apply_chat_template=true"]
     text = _help(parser)
     assert "--no-cuda-graphs replay decode steps from CUDA graphs: on by default" in text
-    assert "--gradient-checkpointing recompute activations: off by default" in text
+    assert "--apply-chat-template wrap prompts in the template: off by default" in text
 
 
 def test_only_given_flags_override():

@@ -128,7 +128,26 @@ def test_overrides_parse_types():
     assert load_config(None, ["optim.lr=1"]).optim.lr == 1.0  # int accepted for float
 
 
+def test_auto_true_false_keys_take_yaml_booleans(tmp_path):
+    """model.gradient_checkpointing and optimizer_offload: auto (the memory plan decides)
+    by default; YAML's true/false and --set's true/True/false read as the strings."""
+    assert (Config().model.gradient_checkpointing, Config().optimizer_offload) == ("auto", "auto")
+    path = tmp_path / "c.yaml"
+    path.write_text("optimizer_offload: false\nmodel:\n  gradient_checkpointing: true\n")
+    c = load_config(str(path))
+    assert (c.model.gradient_checkpointing, c.optimizer_offload) == ("true", "false")
+    c = load_config(None, ["model.gradient_checkpointing=True", "optimizer_offload=auto"])
+    assert (c.model.gradient_checkpointing, c.optimizer_offload) == ("true", "auto")
+    assert load_config(str(path)) == load_config(None, [
+        "optimizer_offload=false", "model.gradient_checkpointing=true"])
+    assert load_config(None, ["gpu_memory_gb=80"]).gpu_memory_gb == 80.0
+
+
 @pytest.mark.parametrize("override,message", [
+    ("model.gradient_checkpointing=sometimes",
+     "'model.gradient_checkpointing' must be one of auto, true, false; got 'sometimes'"),
+    ("optimizer_offload=1", "'optimizer_offload' must be one of auto, true, false; got '1'"),
+    ("gpu_memory_gb=-1", "'gpu_memory_gb' must be >= 0, got -1"),
     ("compress.budgett=3", "unknown config key 'compress.budgett' (did you mean 'compress.budget'?)"),
     ("num_rolout=3", "did you mean 'num_rollout'"),
     ("optim.lr=true", "'optim.lr' expects float, got True"),

@@ -130,3 +130,28 @@ def test_nonfinite_loss_skips_the_step():
     # the next, finite step is applied normally
     m2 = train_on_rollout(engine, _batch(cfg), cfg)[0]
     assert m2["train/step_skipped"] == 0.0 and not torch.equal(before, _params(engine))
+
+
+def test_optimizer_offload_brackets_the_micro_batches_of_each_step():
+    """optimizer_offload (memory plan): the optimizer state leaves before a step's first
+    micro-batch and is back before DeepSpeed's step (on a GPU; TrainingStateOffload is a
+    no-op on CPU, so a recorder stands in for it here)."""
+    cfg = _cfg(global_batch_size=2, num_steps_per_rollout=2, max_tokens_per_gpu=5)
+    engine = _engine(cfg)
+    events = []
+    step = engine.step
+    engine.step = lambda *a, **k: (events.append("step"), step(*a, **k))[1]
+    backward = engine.backward
+    engine.backward = lambda *a, **k: (events.append("backward"), backward(*a, **k))[1]
+
+    class Recorder:
+        def offload_optimizer(self):
+            events.append("offload")
+
+        def reload(self):
+            events.append("reload")
+
+    metrics = train_on_rollout(engine, _batch(cfg), cfg, offload=Recorder())
+    # sequences of 5 + 4 and 7 + 4 tokens: two micro-batches a step (the 7 alone)
+    assert [m["train/micro_batches"] for m in metrics] == [2.0, 2.0]
+    assert events == ["offload", "backward", "backward", "reload", "step"] * 2

@@ -1,0 +1,258 @@
+"""Each phase's peak GPU memory, estimated from the model's shape before anything is
+loaded: what the memory plan (memory_plan.py) decides from.
+
+One GPU holds three phases in turn (train.py): the rollout (weights + the engine's KV
+pool), the log-prob passes (no gradients; the reference model visits) and the update
+(forward + backward per micro-batch, then the optimizer step).
+
+Sizes (bytes), for P parameters of b bytes (2 in bf16), N ranks, ZeRO stage Z, a decoder
+of L layers, hidden size H, Hq = heads x head_dim, Hkv = KV heads x head_dim, MLP width
+I, vocabulary V, and T tokens in the largest micro-batch (a sequence longer than
+max_tokens_per_gpu is a micro-batch of its own, so T = max(max_tokens_per_gpu, longest
+sequence = data.max_prompt_len + max_response_len)):
+
+* training state: weights bP (Z3: bP/N + 1e9 gathered parameters), fp32 master weights
+  4P/N and AdamW moments 8P/N (Z0: moments 2bP, no master). Gradients bP/N (Z0/1: bP),
+  a second bP/N while a step's later micro-batches run (DeepSpeed 0.19.8 allocates the
+  next partition while the last is held), and DeepSpeed's 5e8-element gradient bucket.
+  Optimizer step: + a flat bP/N copy + fp32 gradients 4P/N: 22P on one GPU under ZeRO 2.
+* activations saved for the backward, per token and decoder layer (Qwen2/Llama layout:
+  the inputs of both norms, both norm outputs, q, k, v and the attention output, gate,
+  up and SiLU(gate)*up, the attention's float32 log-sum-exp and the norms' 1/rms):
+    Liger kernels:  a = b(4H + 2Hq + 2Hkv + 3I) + 4(heads + 2)
+    PyTorch ops:    a = b(4H + 2Hq + 2Hkv + 4I) + 8H + 4(heads + 2)
+  (PyTorch's RMSNorm keeps a float32 copy of its input, its SiLU the gate), so T·L·a
+  without checkpointing, T·L·b·H + T·a with it (each layer's input, one layer
+  recomputed). Qwen2.5-3B: a = 91,720 bytes (3.3 MB a token over 36 layers).
+* the update's peak is the larger of two moments: the start of the backward (all
+  activations + the LM head's backward: float32 and bf16 weight gradients 4VH + bVH and
+  a chunk's float32 logits 10·chunk·V) and DeepSpeed's first gradient-bucket flush, once
+  5e8 gradient elements are ready (f = that share of the layers is done, their
+  activations freed): activations x (1 - f) + the new gradient partition + the bucket +
+  the head's bVH gradient + one layer's backward work T·b(I + 2H).
+* log-prob passes: state (+ bP while the reference model visits) + one layer's forward
+  work T·b(3H + 3I) + the LM head's (Liger's fused cross-entropy 2bTH; ours 8·chunk·V;
+  unfused logits T·V·(b + 8)). A [T, T] mask more under model.attention=sdpa.
+* rollout: the weights the engine samples with + the KV pool (engine.kv_memory_gb, else
+  engine.kv_memory_fraction of what is free) + sampling's float32 logits, probabilities
+  and sort over max_num_seqs rows (16·V bytes a row).
+
+Checked on an H100 80GB (Qwen2.5-3B shape, one GPU, ZeRO 2, Liger; measured / estimated,
+GiB): update 64.0 / 64.1 for one 4,247-token sequence without checkpointing, 74.4 / 74.9
+for one 8,343-token sequence, 74.7 / 74.4 for two sequences packed into 8,189 tokens;
+optimizer step 63.3 / 63.2 (57.5 / 57.5 for the first); log-probs with the reference
+model 46.5 / 46.3 at 4,247 tokens, 47.4 / 47.3 at 16,535.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisparse.config.schema import Config
+
+GIB = 1024**3
+BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size (gradient elements)
+LIVE_PARAMETERS = 1_000_000_000  # ZeRO 3's stage3_max_live_parameters
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimates read from a decoder-only HF model (Qwen2 / Llama layout)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    params: int
+
+    @property
+    def layer_params(self) -> int:
+        """Weights of one decoder layer's linear layers."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return 2 * self.hidden * q + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate
+
+
+def shape_of(config) -> ModelShape:
+    """The shape of an HF model config; parameters are counted on the meta device (tied
+    embeddings once), without memory, in about a second for a 7B model."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return ModelShape(
+        hidden=config.hidden_size, layers=config.num_hidden_layers,
+        heads=config.num_attention_heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        head_dim=head_dim, intermediate=config.intermediate_size, vocab=config.vocab_size,
+        params=sum(p.numel() for p in model.parameters()))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a run puts on each GPU, as the estimates need it."""
+
+    shape: ModelShape
+    dtype_bytes: int
+    world: int
+    zero_stage: int
+    longest: int  # tokens of the longest sequence (prompt + response)
+    max_tokens: int  # max_tokens_per_gpu
+    logprob_chunk: int
+    liger: bool
+    sdpa: bool
+    reference: bool  # a reference model visits for its log-prob pass
+    kv_memory: int  # engine.kv_memory_gb in bytes; 0: a fraction of the free memory
+    kv_fraction: float
+    max_num_seqs: int
+
+
+def setup_of(cfg: Config, shape: ModelShape, world: int, liger: bool) -> Setup:
+    dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[cfg.model.dtype]
+    return Setup(
+        shape=shape, dtype_bytes=dtype_bytes, world=world, zero_stage=cfg.zero_stage,
+        longest=cfg.data.max_prompt_len + cfg.max_response_len,
+        max_tokens=cfg.max_tokens_per_gpu, logprob_chunk=cfg.model.logprob_chunk,
+        liger=liger, sdpa=cfg.model.attention == "sdpa", reference=cfg.loss.kl_coef > 0,
+        kv_memory=int(cfg.engine.kv_memory_gb * GIB), kv_fraction=cfg.engine.kv_memory_fraction,
+        max_num_seqs=cfg.engine.max_num_seqs)
+
+
+# ------------------------------------------------------------------------ the estimates
+
+
+def weights(s: Setup) -> int:
+    """The policy's weights on one GPU during the training phases."""
+    p, b = s.shape.params, s.dtype_bytes
+    return b * p // s.world + b * min(p, LIVE_PARAMETERS) if s.zero_stage == 3 else b * p
+
+
+def optimizer_state(s: Setup, adam: bool = True) -> int:
+    """fp32 master weights and AdamW moments (moments only once a step has made them)."""
+    p = s.shape.params
+    if s.zero_stage == 0:
+        return 2 * s.dtype_bytes * p if adam else 0
+    return (4 * p + (8 * p if adam else 0)) // s.world
+
+
+def gradients(s: Setup) -> int:
+    p, b = s.shape.params, s.dtype_bytes
+    return b * p // s.world if s.zero_stage >= 2 else b * p
+
+
+def per_token_layer(s: Setup) -> int:
+    """Activation bytes one token leaves in one decoder layer for the backward."""
+    m, b = s.shape, s.dtype_bytes
+    q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
+    common = b * (4 * m.hidden + 2 * q + 2 * kv) + 4 * (m.heads + 2)
+    if s.liger:
+        return common + 3 * b * m.intermediate
+    return common + 4 * b * m.intermediate + 8 * m.hidden
+
+
+def activations(s: Setup, tokens: int, checkpointing: bool) -> int:
+    m = s.shape
+    mask = tokens * tokens if s.sdpa else 0
+    if checkpointing:
+        return tokens * (m.layers * s.dtype_bytes * m.hidden + per_token_layer(s)) + mask
+    return tokens * m.layers * per_token_layer(s) + mask
+
+
+def _fused(s: Setup) -> bool:
+    """The LM head runs in chunks (not under ZeRO 3, whose weight is partitioned)."""
+    return s.logprob_chunk > 0 and s.zero_stage != 3
+
+
+def head_backward(s: Setup, tokens: int) -> int:
+    """The LM head's saved hidden states and its backward's working set."""
+    m, b = s.shape, s.dtype_bytes
+    vh = m.vocab * m.hidden
+    if _fused(s):
+        chunk = min(s.logprob_chunk, tokens)
+        return b * tokens * m.hidden + (4 + b) * vh + 10 * chunk * m.vocab
+    return tokens * m.vocab * (12 + b) + b * vh
+
+
+def first_flush_share(s: Setup) -> float:
+    """Share of the layers whose backward is done when DeepSpeed's gradient bucket first
+    fills: their activations are freed by then."""
+    return min(1.0, BUCKET / s.shape.layer_params / s.shape.layers)
+
+
+def backward_peak(s: Setup, tokens: int, checkpointing: bool, offload: bool,
+                  adam: bool = True, accumulating: bool = True) -> int:
+    """Peak of one micro-batch's forward + backward. accumulating: an earlier micro-batch
+    of the same optimizer step left its gradients."""
+    m, b = s.shape, s.dtype_bytes
+    state = weights(s) + (0 if offload else optimizer_state(s, adam))
+    acts = activations(s, tokens, checkpointing)
+    grads = gradients(s)
+    start = acts + head_backward(s, tokens)
+    if s.zero_stage < 2:  # gradients accumulate in place, in the parameters' .grad
+        return state + grads + start
+    flush = (int(acts * (1 - first_flush_share(s))) + grads + b * min(BUCKET, m.params)
+             + b * m.vocab * m.hidden + tokens * b * (m.intermediate + 2 * m.hidden))
+    return state + (grads if accumulating else 0) + max(start, flush)
+
+
+def step_peak(s: Setup, adam: bool = True) -> int:
+    """The optimizer step: state, gradients, their flat copy and float32 version. The
+    first step makes the AdamW moments once the flat copy is gone (20P rather than 22P
+    on one GPU under ZeRO 2)."""
+    p, b = s.shape.params, s.dtype_bytes
+    if s.zero_stage == 0:
+        return weights(s) + optimizer_state(s) + gradients(s)
+    copy = b * p // s.world if adam else 0
+    return weights(s) + optimizer_state(s) + gradients(s) + copy + 4 * p // s.world
+
+
+def update_peak(s: Setup, tokens: int, checkpointing: bool, offload: bool,
+                adam: bool = True, accumulating: bool = True) -> int:
+    return max(backward_peak(s, tokens, checkpointing, offload, adam, accumulating),
+               step_peak(s))
+
+
+def logprob_peak(s: Setup, tokens: int, adam: bool = True) -> int:
+    """Old and reference log-prob passes (no gradients) over a micro-batch of tokens."""
+    m, b = s.shape, s.dtype_bytes
+    work = tokens * (b * (3 * m.hidden + 3 * m.intermediate)
+                     + (0 if s.liger else b * m.intermediate + 8 * m.hidden))
+    if s.liger and _fused(s):
+        head = 2 * b * tokens * m.hidden
+    elif _fused(s):
+        head = b * tokens * m.hidden + 8 * min(s.logprob_chunk, tokens) * m.vocab
+    else:
+        head = tokens * m.vocab * (b + 8)
+    mask = tokens * tokens if s.sdpa else 0
+    reference = b * m.params if s.reference else 0
+    return weights(s) + optimizer_state(s, adam) + reference + work + head + mask
+
+
+def rollout_resident(s: Setup) -> int:
+    """What stays on the GPU beside the KV pool while the engine samples: the weights
+    (ZeRO 3 gathers them whole; without ZeRO the optimizer state stays too)."""
+    b, p = s.dtype_bytes, s.shape.params
+    if s.zero_stage == 3:
+        return b * p + b * p // s.world
+    return b * p + (optimizer_state(s) if s.zero_stage == 0 else 0)
+
+
+def kv_pool(s: Setup, capacity: int) -> int:
+    if s.kv_memory:
+        return s.kv_memory
+    return max(0, int(s.kv_fraction * (capacity - rollout_resident(s))))
+
+
+def rollout_peak(s: Setup, capacity: int) -> int:
+    return rollout_resident(s) + kv_pool(s, capacity) + 16 * s.max_num_seqs * s.shape.vocab
+
+
+def kv_tokens(s: Setup, capacity: int) -> int:
+    """Tokens the KV pool holds (K and V of every layer)."""
+    m = s.shape
+    return kv_pool(s, capacity) // (2 * m.layers * m.kv_heads * m.head_dim * s.dtype_bytes)

@@ -1,0 +1,321 @@
+"""The memory plan, made before the first rollout: each phase's peak GPU memory
+(memory_estimate.py) against the GPU's, the settings chosen where they are `auto`, and
+a one-line stop (exit 2) where settings a user fixed cannot fit.
+
+It decides:
+* gradient checkpointing (model.gradient_checkpointing: auto): off when the update fits
+  without it, on otherwise;
+* whether AdamW moments and fp32 master weights wait on the CPU during the update's
+  forward and backward passes (optimizer_offload: auto), only when nothing else fits:
+  they come back for each optimizer step, which needs them on the GPU;
+* the log-prob passes' micro-batch budget: max_tokens_per_gpu, less where those passes
+  would not fit. The update's micro-batches keep max_tokens_per_gpu; a sequence longer
+  than it gets a micro-batch of its own (batching.pack_by_tokens), and the plan counts
+  that one.
+
+It plans against the memory free on the GPU at start (gpu_memory_gb, when set, caps it;
+without a GPU only gpu_memory_gb makes a plan) less HEADROOM, which the estimates leave
+out: the CUDA context and library workspaces, and the caching allocator's fragmentation
+(6.6 GiB reserved but unallocated at an out-of-memory in the update on an H100 80GB).
+After each rollout the planned peaks of that rollout's batch are logged beside the
+measured ones (memory_plan/<phase>_gib, memory_plan/<phase>_error).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from minisparse.config.schema import Config, ConfigError
+from minisparse.grpo.batching import pack_by_tokens, split_steps
+from minisparse.grpo.distributed import all_reduce
+from minisparse.grpo.memory_estimate import (GIB, Setup, backward_peak, kv_pool, kv_tokens,
+                                             logprob_peak, rollout_peak, rollout_resident,
+                                             setup_of, shape_of, step_peak, update_peak)
+from minisparse.grpo.metric import Max
+
+HEADROOM = 0.08  # of the GPU's memory, kept free
+PHASES = ("rollout", "logprobs", "update")
+# (gradient checkpointing, optimizer offload), the faster first
+OPTIONS = ((False, False), (True, False), (False, True), (True, True))
+
+
+@dataclass
+class MemoryPlan:
+    gradient_checkpointing: bool
+    optimizer_offload: bool
+    logprob_tokens: int  # micro-batch budget of the log-prob passes
+    update_tokens: int  # max_tokens_per_gpu
+    setup: Setup | None = None  # None: not planned (no GPU and no gpu_memory_gb)
+    capacity: int = 0  # bytes of the GPU the plan is for
+    device: str = ""
+    peaks: dict[str, int] | None = None  # phase -> planned peak (bytes), worst case
+    note: str = ""  # why gradient checkpointing is on or off
+
+    @property
+    def usable(self) -> int:
+        return int(self.capacity * (1 - HEADROOM))
+
+    def table(self) -> str:
+        """What the run prints at start: one line when not planned, else a short table."""
+        choice = (f"gradient checkpointing {'on' if self.gradient_checkpointing else 'off'}"
+                  + (f" ({self.note})" if self.note else ""))
+        if self.setup is None:
+            return (f"memory plan: no GPU, not planned ({choice}; gpu_memory_gb plans for a "
+                    f"GPU of that size)")
+        s, cap, longest = self.setup, self.capacity, self.setup.longest
+        rows = [
+            ("rollout", f"weights {_gib(rollout_resident(s))} + KV pool {_gib(kv_pool(s, cap))}: "
+                        f"{kv_tokens(s, cap):,} tokens, {kv_tokens(s, cap) // longest:,} "
+                        f"uncompressed sequences"),
+            ("logprobs", _budget(self.logprob_tokens, longest)
+                         + (", reference model visiting" if s.reference else "")),
+            ("update", f"{_budget(self.update_tokens, longest)}; optimizer step "
+                       f"{_gib(step_peak(s))}"
+                       + (", optimizer state on the CPU during forward/backward"
+                          if self.optimizer_offload else "")),
+        ]
+        head = (f"memory plan: {self.device}, {_gib(cap)} GiB, planned to "
+                f"{_gib(self.usable)} ({HEADROOM:.0%} kept free); {_count(s.shape.params)} "
+                f"parameters, ZeRO {s.zero_stage} over {s.world} GPU"
+                f"{'s' if s.world > 1 else ''}; sequences up to {longest:,} tokens")
+        lines = [head, f"  {'phase':9s} {'peak GiB':>8s}"]
+        lines += [f"  {name:9s} {_gib(self.peaks[name]):>8s}  {what}" for name, what in rows]
+        lines.append(f"  chosen: {choice}")
+        return "\n".join(lines)
+
+    def record(self) -> dict:
+        """memory_plan.json: the decisions, the peaks (GiB) and what they came from."""
+        out = {"gradient_checkpointing": self.gradient_checkpointing,
+               "optimizer_offload": self.optimizer_offload,
+               "logprob_tokens": self.logprob_tokens, "update_tokens": self.update_tokens,
+               "planned": self.setup is not None, "note": self.note}
+        if self.setup is not None:
+            out |= {"device": self.device, "capacity_gib": self.capacity / GIB,
+                    "usable_gib": self.usable / GIB, "headroom": HEADROOM,
+                    "peaks_gib": {k: v / GIB for k, v in self.peaks.items()},
+                    "setup": asdict(self.setup)}
+        return out
+
+    def save(self, output_dir: str) -> None:
+        (Path(output_dir) / "memory_plan.json").write_text(json.dumps(self.record(), indent=1))
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f}"
+
+
+def _budget(tokens: int, longest: int) -> str:
+    alone = f" (a {longest:,}-token sequence alone)" if longest > tokens else ""
+    return f"micro-batches up to {tokens:,} tokens{alone}"
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.0f} MiB"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def plan_memory(cfg: Config, device: torch.device, world: int) -> MemoryPlan:
+    """The run's plan, made before the model loads (ConfigError when it cannot fit)."""
+    from minisparse.models.liger import liger_applies
+    from minisparse.models.loading import model_config
+
+    found = gpu_capacity(cfg, device)
+    if found is None:
+        return not_planned(cfg)
+    capacity, name = found
+    if world > 1:  # every rank plans for the fullest GPU, so all decide the same
+        capacity = int(all_reduce(torch.tensor([capacity], dtype=torch.float64), "min").item())
+    config = model_config(cfg.model.path)
+    liger = liger_applies(cfg.model.liger_kernel, config.model_type, device.type == "cuda")
+    return make_plan(cfg, setup_of(cfg, shape_of(config), world, liger), capacity, name)
+
+
+def gpu_capacity(cfg: Config, device: torch.device) -> tuple[int, str] | None:
+    """(bytes the plan is for, the device's name), None when there is nothing to plan for."""
+    setting = int(cfg.gpu_memory_gb * GIB)
+    if device.type != "cuda":
+        return (setting, f"gpu_memory_gb={cfg.gpu_memory_gb:g}") if setting else None
+    free, _ = torch.cuda.mem_get_info(device)
+    capacity = free + torch.cuda.memory_reserved(device)
+    if setting:
+        capacity = min(capacity, setting)
+    return capacity, torch.cuda.get_device_name(device)
+
+
+def _allowed(value: str, option: bool) -> bool:
+    return value == "auto" or (value == "true") == option
+
+
+def _options(cfg: Config) -> list[tuple[bool, bool]]:
+    gc, off = cfg.model.gradient_checkpointing, cfg.optimizer_offload
+    return [o for o in OPTIONS if _allowed(gc, o[0]) and _allowed(off, o[1])]
+
+
+def _best(s: Setup, tokens: int, options) -> int:
+    return min(update_peak(s, tokens, *o) for o in options)
+
+
+def _largest(fits, low: int, high: int) -> int | None:
+    """The largest n in [low, high] with fits(n) (fits is monotone), None if none."""
+    if low > high or not fits(low):
+        return None
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
+def _round(n: int, floor: int) -> int:
+    """n down to a multiple of 256, but not below floor."""
+    return max(floor, n // 256 * 256)
+
+
+def not_planned(cfg: Config) -> MemoryPlan:
+    return MemoryPlan(gradient_checkpointing=cfg.model.gradient_checkpointing == "true",
+                      optimizer_offload=cfg.optimizer_offload == "true",
+                      logprob_tokens=cfg.max_tokens_per_gpu, update_tokens=cfg.max_tokens_per_gpu)
+
+
+def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
+    """The plan for setup s on a GPU of `capacity` bytes; ConfigError (one line naming the
+    setting and what would fit) when the fixed settings cannot fit."""
+    plan = MemoryPlan(False, False, s.max_tokens, s.max_tokens, s, capacity, device)
+    usable = plan.usable
+    worst = max(s.max_tokens, s.longest)
+    need = rollout_peak(s, capacity)
+    if s.kv_memory and need > usable:  # (a share of the free memory always fits)
+        raise ConfigError(
+            f"engine.kv_memory_gb={cfg.engine.kv_memory_gb:g}: the rollout needs ~{_size(need)} of "
+            f"the {_size(usable)} planned for; set engine.kv_memory_gb<="
+            f"{max(0.0, (usable - need) / GIB + cfg.engine.kv_memory_gb):.0f} or 0 "
+            f"(engine.kv_memory_fraction of what is free)")
+    plan.logprob_tokens = _logprob_budget(cfg, s, usable)
+    options = _options(cfg)
+    chosen = next((o for o in options if update_peak(s, worst, *o) <= usable), None)
+    if chosen is None:
+        raise ConfigError(_update_error(cfg, s, usable, capacity))
+    plan.gradient_checkpointing, plan.optimizer_offload = chosen
+    if cfg.model.gradient_checkpointing == "auto":
+        off = update_peak(s, worst, False, chosen[1])
+        plan.note = ("auto: the update fits without it" if not chosen[0] else
+                     f"auto: without it the update would need ~{_size(off)}")
+    lp_worst = max(plan.logprob_tokens, s.longest)
+    plan.peaks = {"rollout": need, "logprobs": logprob_peak(s, lp_worst),
+                  "update": update_peak(s, worst, *chosen)}
+    return plan
+
+
+def _logprob_budget(cfg: Config, s: Setup, usable: int) -> int:
+    """max_tokens_per_gpu, or the largest budget whose log-prob passes fit."""
+    if logprob_peak(s, max(s.max_tokens, s.longest)) <= usable:
+        return s.max_tokens
+    fits = lambda n: logprob_peak(s, n) <= usable  # noqa: E731
+    n = _largest(fits, s.longest, s.max_tokens)
+    if n is not None:
+        return _round(n, s.longest)
+    if s.logprob_chunk == 0:
+        raise ConfigError(f"model.logprob_chunk=0: the log-prob passes need "
+                          f"~{_size(logprob_peak(s, s.longest))} of the {_size(usable)} planned "
+                          f"for; set model.logprob_chunk=1024")
+    return s.longest  # the update cannot fit either: _update_error names why
+
+
+def _update_error(cfg: Config, s: Setup, usable: int, capacity: int) -> str:
+    """One line: the setting that keeps the update from fitting, and what would fit."""
+    options = _options(cfg)
+    worst = max(s.max_tokens, s.longest)
+    need = _size(_best(s, worst, options))
+    where = (f"the update needs ~{need} of the {_size(usable)} planned for "
+             f"({_size(capacity)} GPU, {HEADROOM:.0%} kept free) at "
+             f"max_tokens_per_gpu={s.max_tokens} (sequences up to {s.longest} tokens)")
+    fixes = []  # (setting, value, the change), each alone making the update fit
+    if s.logprob_chunk == 0 and _best(replace(s, logprob_chunk=1024), worst, options) <= usable:
+        fixes.append(("model.logprob_chunk", "0", "1024"))
+    flips = (("model.gradient_checkpointing", cfg.model.gradient_checkpointing, 0),
+             ("optimizer_offload", cfg.optimizer_offload, 1))
+    for key, value, i in flips:
+        if value == "false":
+            freed = [o for o in OPTIONS if o[i] and _allowed(flips[1 - i][1], o[1 - i])]
+            if _best(s, worst, freed) <= usable:
+                fixes.append((key, value, "true"))
+    fits = lambda n: _best(s, n, options) <= usable  # noqa: E731
+    budget = _largest(fits, s.longest, s.max_tokens - 1)
+    smaller = [f"max_tokens_per_gpu<={_round(budget, s.longest)}"] if budget else []
+    if fixes:
+        key, value, _ = fixes[0]
+        changes = [f"it {fixes[0][2]}"] + [f"{k}={v}" for k, _, v in fixes[1:]] + smaller
+        return f"{key}={value}: {where}; set {' or '.join(changes)}"
+    if smaller:
+        return f"max_tokens_per_gpu={s.max_tokens}: {where}; set {smaller[0]}"
+    step = step_peak(s)
+    if step > usable:
+        return (f"zero_stage={s.zero_stage}: the optimizer step alone needs ~{_size(step)} "
+                f"of the {_size(usable)} planned for on each of {s.world} GPU(s) "
+                f"(weights, fp32 master weights, AdamW moments, gradients); use more GPUs")
+    prompt = cfg.data.max_prompt_len
+    longest = _largest(fits, prompt + 1, s.longest - 1)
+    shorter = (f"; set max_response_len<={longest - prompt}"
+               + (f" and max_tokens_per_gpu<={longest}" if longest < s.max_tokens else "")
+               if longest else "")
+    return (f"max_response_len={cfg.max_response_len}: one sequence of {s.longest} tokens "
+            f"(data.max_prompt_len {prompt} + max_response_len) needs ~{need} in the "
+            f"update of the {_size(usable)} planned for{shorter}")
+
+
+# ----------------------------------------------------- planned beside measured, per rollout
+
+
+def batch_peaks(plan: MemoryPlan, lengths: list[int], num_steps: int,
+                steps_done: int) -> dict[str, int]:
+    """Planned peaks of one rollout's batch (sequence lengths, prompt + response): its
+    largest micro-batches, and whether AdamW moments existed yet (they are made by the
+    first optimizer step)."""
+    s = plan.setup
+    logprob = max(sum(lengths[i] for i in g) for g in pack_by_tokens(lengths, plan.logprob_tokens))
+    update = 0
+    for k, samples in enumerate(split_steps(len(lengths), num_steps)):
+        groups = pack_by_tokens([lengths[i] for i in samples], plan.update_tokens)
+        for j, group in enumerate(groups):
+            tokens = sum(lengths[samples[i]] for i in group)
+            update = max(update, backward_peak(
+                s, tokens, plan.gradient_checkpointing, plan.optimizer_offload,
+                adam=steps_done + k > 0, accumulating=j > 0))
+    return {"rollout": plan.peaks["rollout"],
+            "logprobs": logprob_peak(s, logprob, adam=steps_done > 0),
+            "update": max(update, step_peak(s, adam=steps_done > 0))}
+
+
+def plan_metrics(plan: MemoryPlan, batch, num_steps: int, steps_done: int) -> dict[str, float]:
+    """memory_plan/<phase>_gib: what the plan expects of this rollout batch (the largest
+    rank's); steps_done: optimizer steps before its update."""
+    if plan.setup is None:
+        return {}
+    lengths = [len(p) + len(r) for p, r in zip(batch.prompts, batch.responses)]
+    peaks = batch_peaks(plan, lengths, num_steps, steps_done)
+    return {f"memory_plan/{k}_gib": Max(v / GIB) for k, v in peaks.items()}
+
+
+def plan_errors(metrics: dict[str, float]) -> dict[str, float]:
+    """memory_plan/<phase>_error: measured peak / planned - 1, where both were logged."""
+    out = {}
+    for name in PHASES:
+        planned, measured = metrics.get(f"memory_plan/{name}_gib"), metrics.get(f"mem/{name}_peak_gib")
+        if planned and measured is not None:
+            out[f"memory_plan/{name}_error"] = measured / planned - 1
+    return out
+
+
+def comparison_line(metrics: dict[str, float]) -> str:
+    """'memory plan vs measured: ...' for the console, after the first rollout."""
+    parts = [f"{name} {metrics[f'mem/{name}_peak_gib']:.1f} GiB measured, "
+             f"{metrics[f'memory_plan/{name}_gib']:.1f} planned "
+             f"({metrics[f'memory_plan/{name}_error']:+.1%})"
+             for name in PHASES if f"memory_plan/{name}_error" in metrics]
+    return "memory plan vs measured: " + "; ".join(parts) if parts else ""

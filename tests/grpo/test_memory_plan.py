@@ -1,0 +1,291 @@
+"""The memory plan (grpo/memory_plan.py, grpo/memory_estimate.py): activation sizes against
+what autograd really saves, the decisions for Qwen2.5-3B on an 80 GB GPU at 4k, 8k and
+16k-token responses computed by hand, one-line stops for settings that cannot fit, and
+train.py stopping before any model loads."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from minisparse.config.load import load_config
+from minisparse.config.schema import ConfigError
+from minisparse.grpo.attention import packing_kwargs, use_attention
+from minisparse.grpo.memory_estimate import (GIB, activations, backward_peak, per_token_layer,
+                                             setup_of, shape_of, step_peak)
+from minisparse.grpo.memory_plan import (batch_peaks, comparison_line, make_plan, not_planned,
+                                         plan_errors)
+from minisparse.models.liger import liger_available, use_liger_kernel
+from minisparse.models.loading import shape_config
+
+REPO = Path(__file__).resolve().parents[2]
+# An H100 80GB: torch reports 79.2 GiB, ~78.6 free at start; a round 79 GiB here.
+# The plan counts on 92% of it: 0.92 x 79 = 72.68 GiB.
+H100 = 79 * GIB
+
+
+SMALL = dict(vocab_size=512, hidden_size=256, intermediate_size=704, num_attention_heads=8,
+             num_key_value_heads=2, max_position_embeddings=4096)
+
+
+def _saved_bytes(config, tokens: int, dtype: torch.dtype, checkpointing: bool,
+                 device: str = "cpu", liger: bool = False) -> int:
+    """Bytes autograd saves for the backward of a decoder (weights aside), one packed row
+    and the varlen attention as in training."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+    use_attention(model, "varlen")
+    if liger:
+        use_liger_kernel(model, "on", on_gpu=True)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.randint(0, 512, (1, tokens), device=device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=ids, position_ids=torch.arange(tokens, device=device)[None],
+                    use_cache=False, **packing_kwargs([tokens], ids.device))
+    return sum(saved.values())
+
+
+def _per_token_layer(make_config, dtype, checkpointing, tokens=(256, 512), **kw) -> float:
+    """Saved bytes of one token in one layer: the second layer and the second block of
+    tokens isolate it from the embedding, the final norm and fixed-size buffers."""
+    layer = [_saved_bytes(make_config(2), n, dtype, checkpointing, **kw)
+             - _saved_bytes(make_config(1), n, dtype, checkpointing, **kw) for n in tokens]
+    return (layer[1] - layer[0]) / (tokens[1] - tokens[0])
+
+
+@pytest.mark.parametrize("dtype,b", [(torch.float32, 4), (torch.bfloat16, 2)])
+def test_activation_formula_is_what_autograd_saves(dtype, b):
+    """PyTorch ops: b(4H + 2Hq + 2Hkv + 4I) + 8H + 4(heads + 2), with H = Hq = 256,
+    Hkv = 64, I = 704, 8 heads: bf16 2*(1024 + 512 + 128 + 2816) + 2048 + 40 = 11,048."""
+    cfg = load_config("tiny_rkv", [f"model.dtype={'float32' if b == 4 else 'bfloat16'}"])
+    s = setup_of(cfg, shape_of(Qwen2Config(num_hidden_layers=1, **SMALL)), 1, liger=False)
+    make = lambda layers: Qwen2Config(num_hidden_layers=layers, **SMALL)  # noqa: E731
+    assert _per_token_layer(make, dtype, False) == per_token_layer(s) == (
+        20_008 if b == 4 else 11_048)
+    # with checkpointing a layer keeps its input only; one recomputed layer comes on top
+    # for the whole stack (T·a)
+    assert _per_token_layer(make, dtype, True) == b * 256
+    assert activations(s, 512, True) - activations(s, 256, True) == 256 * (
+        b * 256 + per_token_layer(s))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not liger_available(),
+                    reason="needs CUDA and liger-kernel")
+def test_liger_activation_formula_on_the_gpu():
+    """Liger's RMSNorm, SwiGLU and RoPE with torch's varlen flash kernel, Qwen2.5-3B's
+    layer: b(4H + 2Hq + 2Hkv + 3I) + 4(heads + 2) = 91,720 bytes (so on an H100 80GB)."""
+    make = lambda layers: shape_config("qwen2.5-3b", num_hidden_layers=layers)  # noqa: E731
+    s = setup_of(load_config("qwen3b_rkv"), shape_of(make(1)), 1, liger=True)
+    assert _per_token_layer(make, torch.bfloat16, False, tokens=(2048, 4096), device="cuda",
+                            liger=True) == per_token_layer(s) == 91_720
+
+
+@pytest.fixture(scope="module")
+def qwen3b():
+    return shape_of(shape_config("qwen2.5-3b"))
+
+
+def _setup(qwen3b, *overrides, world=1):
+    cfg = load_config("qwen3b_rkv", ["data.max_prompt_len=160", *overrides])
+    return cfg, setup_of(cfg, qwen3b, world, liger=True)
+
+
+def test_qwen3b_sizes_by_hand(qwen3b):
+    """P = 3,085,938,688 (tied embedding once). Liger layer, H = Hq = 2048, Hkv = 256,
+    I = 11008, 16 heads: a = 2(8192 + 4096 + 512 + 33024) + 72 = 91,720 bytes (measured on
+    an H100 with saved-tensor hooks: 91,720). Optimizer step under ZeRO 2 on one GPU:
+    2P weights + 4P master + 8P AdamW + 2P gradients + 2P flat copy + 4P fp32 = 22P =
+    67,890,651,136 bytes = 63.23 GiB (63.30 measured); with 4 GPUs 2P + 20P/4 = 7P."""
+    _, s = _setup(qwen3b)
+    assert qwen3b.params == 3_085_938_688 and qwen3b.layer_params == 77_070_336
+    assert per_token_layer(s) == 91_720
+    assert step_peak(s) == 22 * qwen3b.params == 67_890_651_136
+    assert step_peak(_setup(qwen3b, world=4)[1]) == 7 * qwen3b.params
+    # the first step makes the AdamW moments after the flat copy is freed: 20P (57.55 measured)
+    assert step_peak(s, adam=False) == 20 * qwen3b.params
+    # one 8,352-token sequence, no checkpointing: 8352 x 36 x 91,720 = 27,577,635,840 bytes
+    assert activations(s, 8352, False) == 27_577_635_840
+
+
+@pytest.mark.parametrize("response,tokens,checkpointing,without", [
+    # 4k: sequences of 160 + 4,096 = 4,256 tokens, micro-batches up to 8,192. Without
+    # checkpointing, at the start of a later micro-batch's backward: state 14P (40.24 GiB)
+    # + the previous micro-batch's gradients 2P (5.75) + activations 8192 x 36 x 91,720 =
+    # 25.19 GiB + the LM head's backward (4+2)VH + 10 x 1024 x V = 3.22 GiB = 74.39 GiB,
+    # over the 72.68 planned for: checkpointing on.
+    (4096, 8192, True, 74.4),
+    # ... at 4,096 tokens a micro-batch holds one 4,256-token sequence: 64.07 GiB (one
+    # 4,247-token sequence measured 64.05 on an H100): fits, checkpointing stays off.
+    (4096, 4096, False, 64.1),
+    # 8k: one 8,352-token sequence is a micro-batch of its own although max_tokens_per_gpu
+    # is 8,192: 25.68 GiB of activations, 74.89 GiB in all (74.43 measured; the run in the
+    # issue ran out of memory there): checkpointing on.
+    (8192, 8192, True, 74.9),
+    # 16k: 16,544 tokens, 50.88 GiB of activations alone: 100.1 GiB without checkpointing.
+    (16384, 8192, True, 100.1),
+])
+def test_decisions_on_an_80gb_gpu(qwen3b, response, tokens, checkpointing, without):
+    cfg, s = _setup(qwen3b, f"max_response_len={response}", f"max_tokens_per_gpu={tokens}")
+    plan = make_plan(cfg, s, H100, "H100")
+    assert plan.gradient_checkpointing is checkpointing and not plan.optimizer_offload
+    assert plan.logprob_tokens == plan.update_tokens == tokens
+    off = backward_peak(s, max(tokens, s.longest), False, False)
+    assert round(off / GIB, 1) == without
+    assert (off > plan.usable) is checkpointing
+    if checkpointing:
+        # with it the optimizer step sets the update's peak (63.23 GiB): at 16,544 tokens
+        # the checkpoints are 16544 x 36 x 2 x 2048 bytes + one layer recomputed = 3.69 GiB
+        # and the backward's peak 56.73 GiB
+        assert plan.peaks["update"] == step_peak(s)
+        assert plan.note == f"auto: without it the update would need ~{without:.1f} GiB"
+    assert round(plan.usable / GIB, 2) == 72.68
+    table = plan.table()
+    assert table.startswith("memory plan: H100, 79.0 GiB, planned to 72.7 (8% kept free); "
+                            "3.09B parameters, ZeRO 2 over 1 GPU")
+    assert f"chosen: gradient checkpointing {'on' if checkpointing else 'off'}" in table
+    if s.longest > tokens:
+        assert f"(a {s.longest:,}-token sequence alone)" in table
+
+
+def test_four_gpus_shard_the_state_and_need_no_checkpointing(qwen3b):
+    """8k on 4 GPUs, ZeRO 2: state 2P + 12P/4 = 5P, gradients 2P/4 each: 44.71 GiB."""
+    cfg, s = _setup(qwen3b, "max_response_len=8192", world=4)
+    plan = make_plan(cfg, s, H100, "H100")
+    assert not plan.gradient_checkpointing and round(plan.peaks["update"] / GIB, 2) == 44.71
+
+
+def test_fixed_off_checkpointing_moves_the_optimizer_state_instead(qwen3b):
+    """8k with model.gradient_checkpointing=false: only with AdamW moments and master
+    weights (12P = 34.49 GiB) on the CPU does the backward fit (74.89 - 34.49 = 40.40)."""
+    cfg, s = _setup(qwen3b, "max_response_len=8192", "model.gradient_checkpointing=false")
+    plan = make_plan(cfg, s, H100, "H100")
+    assert (plan.gradient_checkpointing, plan.optimizer_offload) == (False, True)
+    assert round(backward_peak(s, 8352, False, True) / GIB, 2) == 40.40
+
+
+@pytest.mark.parametrize("overrides,line", [
+    # 16k with both fixed off: 100.1 GiB; either checkpointing or the offload (65.6) fits
+    (["max_response_len=16384", "model.gradient_checkpointing=false", "optimizer_offload=false"],
+     "model.gradient_checkpointing=false: the update needs ~100.1 GiB of the 72.7 GiB planned "
+     "for (79.0 GiB GPU, 8% kept free) at max_tokens_per_gpu=8192 (sequences up to 16544 "
+     "tokens); set it true or optimizer_offload=true"),
+    # micro-batches of 327,680 tokens, even with checkpointing and the optimizer state on
+    # the CPU: 88.9 GiB
+    (["max_response_len=4096", "max_tokens_per_gpu=327680"],
+     "max_tokens_per_gpu=327680: the update needs ~88.9 GiB of the 72.7 GiB planned for "),
+    # unfused logits: 16,544 x 151,936 x 14 bytes (32.8 GiB) in the update's LM head
+    (["max_response_len=16384", "model.logprob_chunk=0", "optimizer_offload=false"],
+     "model.logprob_chunk=0: the update needs ~83.0 GiB of the 72.7 GiB planned for "),
+    (["max_response_len=400000"], "max_response_len=400000: one sequence of 400160 tokens "
+                                  "(data.max_prompt_len 160 + max_response_len) needs ~"),
+])
+def test_settings_that_cannot_fit_are_one_line(qwen3b, overrides, line):
+    cfg, s = _setup(qwen3b, *overrides)
+    with pytest.raises(ConfigError) as info:
+        make_plan(cfg, s, H100, "H100")
+    message = str(info.value)
+    assert message.startswith(line) and "\n" not in message
+    if "327680" in message:  # the largest budget that fits, in steps of 256
+        budget = int(message.rsplit("<=", 1)[1])
+        assert budget % 256 == 0
+        assert backward_peak(s, budget, True, True) <= 0.92 * H100
+        assert backward_peak(s, budget + 256, True, True) > 0.92 * H100
+    if "max_response_len<=" in message:
+        longest = 160 + int(message.split("max_response_len<=")[1].split()[0])
+        assert backward_peak(s, longest, True, True) <= 0.92 * H100
+    if "logprob_chunk" in message:
+        assert message.endswith("set it 1024 or optimizer_offload=true")
+
+
+def test_a_model_whose_optimizer_step_cannot_fit_names_the_gpus():
+    """Qwen2.5-7B on one GPU: 22P = 22 x 7,614,699,008 bytes = 156.0 GiB."""
+    shape = shape_of(shape_config("qwen2.5-7b"))
+    assert shape.params == 7_614_699_008
+    cfg = load_config("qwen7b_rkv", ["data.max_prompt_len=160"])
+    with pytest.raises(ConfigError, match=r"^zero_stage=2: the optimizer step alone needs "
+                                          r"~156\.0 GiB of the 72\.7 GiB planned for on each "
+                                          r"of 1 GPU\(s\)"):
+        make_plan(cfg, setup_of(cfg, shape, 1, True), H100, "H100")
+
+
+def test_planned_peaks_of_a_batch(qwen3b):
+    """Two 4,247-token sequences, one optimizer step, after earlier steps: the update's
+    peak 64.07 GiB (64.05 measured on an H100), log-probs with the reference visiting
+    46.33 (46.48 measured). Before any step there are no AdamW moments yet: the log-probs
+    need 8P less, and the first optimizer step makes them (20P)."""
+    cfg, s = _setup(qwen3b, "max_response_len=4096", "max_tokens_per_gpu=4096")
+    plan = make_plan(cfg, s, H100, "H100")
+    peaks = batch_peaks(plan, [4247, 4247], num_steps=1, steps_done=3)
+    assert round(peaks["update"] / GIB, 2) == 64.07
+    assert round(peaks["logprobs"] / GIB, 2) == 46.33
+    first = batch_peaks(plan, [4247, 4247], num_steps=1, steps_done=0)
+    assert peaks["logprobs"] - first["logprobs"] == 8 * qwen3b.params
+    assert first["update"] == step_peak(s, adam=False)
+    metrics = {"mem/update_peak_gib": 66.0, "memory_plan/update_gib": 60.0,
+               "memory_plan/logprobs_gib": 40.0}
+    metrics |= plan_errors(metrics)
+    assert metrics["memory_plan/update_error"] == pytest.approx(0.1)
+    assert "memory_plan/logprobs_error" not in metrics  # nothing measured (no GPU)
+    assert comparison_line(metrics) == ("memory plan vs measured: update 66.0 GiB measured, "
+                                        "60.0 planned (+10.0%)")
+
+
+def test_without_a_gpu_nothing_is_planned():
+    cfg = load_config("tiny_rkv", ["model.gradient_checkpointing=true"])
+    plan = not_planned(cfg)
+    assert plan.gradient_checkpointing and plan.logprob_tokens == 2048
+    assert plan.table() == ("memory plan: no GPU, not planned (gradient checkpointing on; "
+                            "gpu_memory_gb plans for a GPU of that size)")
+    assert not not_planned(load_config("tiny_rkv")).gradient_checkpointing  # auto: off
+
+
+def _train(out: Path, *sets: str, config: str = "tiny_rkv") -> subprocess.CompletedProcess:
+    args = [a for s in (f"output_dir={out}", "resume=never", *sets) for a in ("--set", s)]
+    return subprocess.run([sys.executable, "train.py", "--config", config, *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_train_stops_before_any_model_loads(tmp_path):
+    """The 3B shape at 16k responses with both switches fixed off, planned for an 80 GB
+    GPU from a machine without one: exit 2 and the plan's one line, nothing trained."""
+    res = _train(tmp_path / "out", "model.path=qwen2.5-3b", "data.path=synthetic",
+                 "gpu_memory_gb=79", "max_response_len=16384", "data.max_prompt_len=160",
+                 "model.gradient_checkpointing=false", "optimizer_offload=false",
+                 config="qwen3b_rkv")
+    assert res.returncode == 2, res.stderr[-3000:]
+    (line,) = res.stderr.splitlines()
+    # without a GPU the training passes would run PyTorch's ops (no Liger): 130,120 bytes a
+    # token and layer, 121.4 GiB in all; even with the optimizer state on the CPU 86.9
+    assert line == ("error: model.gradient_checkpointing=false: the update needs ~121.4 GiB "
+                    "of the 72.7 GiB planned for (79.0 GiB GPU, 8% kept free) at "
+                    "max_tokens_per_gpu=8192 (sequences up to 16544 tokens); set it true")
+    assert "training passes" not in res.stdout and not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_tiny_run_with_a_planned_gpu(tmp_path):
+    """gpu_memory_gb on a CPU machine: the table, memory_plan.json, and each rollout's
+    planned peaks in metrics.jsonl; the run trains as without it."""
+    out = tmp_path / "out"
+    res = _train(out, "num_rollout=1", "save_interval=0", "gpu_memory_gb=1")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith("memory plan: gpu_memory_gb=1, 1.0 GiB, planned to 0.9 (8% "
+                                 "kept free); 0.1M parameters, ZeRO 2 over 1 GPU")
+    assert "chosen: gradient checkpointing off (auto: the update fits without it)" in res.stdout
+    plan = json.loads((out / "memory_plan.json").read_text())
+    assert plan["planned"] and plan["update_tokens"] == plan["logprob_tokens"] == 2048
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert 0 < row["memory_plan/update_gib"] < row["memory_plan/rollout_gib"] < 1
