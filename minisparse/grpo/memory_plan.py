@@ -289,7 +289,8 @@ def batch_peaks(plan: MemoryPlan, lengths: list[int], num_steps: int,
                 adam=steps_done + k > 0, accumulating=j > 0))
     return {"rollout": plan.peaks["rollout"],
             "logprobs": logprob_peak(s, logprob, adam=steps_done > 0),
-            "update": max(update, step_peak(s, adam=steps_done > 0))}
+            # the update's later steps find the moments its first step made
+            "update": max(update, step_peak(s, adam=steps_done + num_steps > 1))}
 
 
 def plan_metrics(plan: MemoryPlan, batch, num_steps: int, steps_done: int) -> dict[str, float]:
