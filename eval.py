@@ -22,13 +22,19 @@ from minisparse.config.cli import (ENGINE_KEYS, HelpFormatter, add_config_args,
 from minisparse.config.load import dump_config, load_config, section_keys
 from minisparse.config.schema import Config, ConfigError, EvalConfig
 from minisparse.data.benchmarks import BenchmarkError, load_benchmarks, parse_benchmark_names
+from minisparse.data.synthetic import Difficulty
 
 # Config keys with a flag; a flag given on the command line becomes a KEY=VALUE override.
 MODEL_KEYS = ("model.path", "model.dtype")
 ENGINE_FLAG_KEYS = ("engine.backend", *ENGINE_KEYS)
 COMPRESS_KEYS = tuple(section_keys("compress"))
-RUN_KEYS = ("seed", *MODEL_KEYS, *ENGINE_FLAG_KEYS, *COMPRESS_KEYS)
-EVAL_KEYS = tuple(section_keys("eval"))
+# The generated arithmetic's difficulty: --benchmarks arithmetic scores held-out problems
+# of the kind a run trained on (data.path synthetic), so a --config's data section counts.
+ARITHMETIC_KEYS = ("data.synthetic_max_operand", "data.synthetic_operators",
+                   "data.synthetic_operations")
+RUN_KEYS = ("seed", *MODEL_KEYS, *ENGINE_FLAG_KEYS, *COMPRESS_KEYS, *ARITHMETIC_KEYS)
+# eval.compress is for evaluation during training; here --compress and its flags decide.
+EVAL_KEYS = tuple(k for k in section_keys("eval") if k != "eval.compress")
 UNSET = "flags left out keep the --config's value, else the default shown here"
 
 
@@ -50,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(g, ENGINE_FLAG_KEYS)
     add_config_flags(p.add_argument_group("KV compression during generation", UNSET),
                      COMPRESS_KEYS)
+    add_config_flags(p.add_argument_group("generated arithmetic (--benchmarks arithmetic)",
+                                          UNSET), ARITHMETIC_KEYS)
     add_config_args(p)
     return p
 
@@ -75,12 +83,18 @@ def resolve_settings(args: argparse.Namespace) -> tuple[Config, EvalConfig]:
     return cfg, eval_cfg
 
 
-def run_settings(cfg: Config) -> dict:
-    """What the results depend on besides sampling: recorded and checked on re-runs."""
+def run_settings(cfg: Config, benchmarks: list[str] = ()) -> dict:
+    """What the results depend on besides sampling: recorded and checked on re-runs. The
+    arithmetic difficulty is recorded when it is scored at another than the default (so
+    results made before it could be set still match)."""
     compress = dataclasses.asdict(cfg.compress)
     if cfg.compress.algorithm == "none":
         compress = {"algorithm": "none"}
-    return {"model": cfg.model.path, "dtype": cfg.model.dtype, "compress": compress}
+    settings = {"model": cfg.model.path, "dtype": cfg.model.dtype, "compress": compress}
+    level = Difficulty.from_config(cfg.data)
+    if "arithmetic" in benchmarks and level != Difficulty():
+        settings["arithmetic"] = dataclasses.asdict(level)
+    return settings
 
 
 def _device(name: str | None) -> str:
@@ -94,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(dataclasses.replace(cfg, eval=eval_cfg)), end="")
         return 0
-    problems = load_benchmarks(eval_cfg.benchmarks, eval_cfg.data_dir, eval_cfg.limit)
+    level = Difficulty.from_config(cfg.data)
+    problems = load_benchmarks(eval_cfg.benchmarks, eval_cfg.data_dir, eval_cfg.limit, level)
     from minisparse.engine import check_backend, make_backend
     from minisparse.evaluation import check_prompt_template, evaluate, format_table
     from minisparse.models.loading import load_policy
@@ -106,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     check_prompt_template(tokenizer, eval_cfg.prompt_template)
     engine = make_backend(cfg, model, tokenizer, device)
-    summary = evaluate(engine, tokenizer, eval_cfg, args.output, settings=run_settings(cfg),
+    summary = evaluate(engine, tokenizer, eval_cfg, args.output, settings=run_settings(cfg, eval_cfg.benchmarks),
                        seed=cfg.seed, overwrite=args.overwrite, progress=args.progress,
                        problems=problems, reward_workers=cfg.reward.workers)
     print(format_table(summary))

@@ -31,6 +31,7 @@ import os
 import random
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -65,7 +66,7 @@ from minisparse.grpo.memory import (
 )
 from minisparse.grpo.memory_plan import (MemoryPlan, comparison_line, plan_errors,
                                          plan_memory, plan_metrics)
-from minisparse.grpo.metric import Sum
+from minisparse.grpo.metric import Max, Sum
 from minisparse.grpo.mismatch import mismatch_metrics
 from minisparse.grpo.optim import TrainingStateOffload, build_train_engine
 from minisparse.grpo.preflight import PreflightError, check_run
@@ -78,7 +79,8 @@ from minisparse.grpo.rollout import (
     score_batch,
 )
 from minisparse.grpo.report import (config_menu, end_report, finished_message,
-                                    no_config_message, start_report)
+                                    no_config_message, start_report, stop_report)
+from minisparse.grpo.stop import StopOnSignal
 from minisparse.grpo.update import train_on_rollout
 from minisparse.models.liger import use_liger_kernel
 from minisparse.models.loading import load_policy
@@ -298,9 +300,11 @@ def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, floa
 
 
 def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
-    """Benchmarks of cfg.eval with the current weights, each split over all ranks."""
+    """Benchmarks of cfg.eval with the current weights, each split over all ranks; with a
+    dense cache unless eval.compress."""
     rollout_memory(run.offload, run.llm, run.device)
-    with rollout_weights(run.train_engine):
+    cache = nullcontext() if run.cfg.eval.compress else run.llm.dense()
+    with rollout_weights(run.train_engine), cache:
         run.llm.update_weights(run.train_engine.module)
         summary = evaluate(
             run.llm,
@@ -339,13 +343,16 @@ def save_phase(run: Run, rollout: int) -> None:
 # --------------------------------------------------------------------------------- loop
 
 
-def train(run: Run) -> None:
+def train(run: Run, sigterm: StopOnSignal) -> int | None:
+    """The rollouts left; None when all ran, else the rollout after which a SIGTERM
+    stopped the run (saved, so the same command resumes after it)."""
     cfg = run.cfg
     rollouts = range(run.start_rollout + 1, cfg.num_rollout + 1)
     bar = _progress(rollouts, cfg.num_rollout, enabled=dist.rank() == 0 and sys.stdout.isatty())
     for rollout in bar:
         metrics: dict[str, float] = {}
         steps_done = run.train_engine.global_steps
+        started = time.perf_counter()
         with phase("swap_to_rollout", metrics, run.device):
             rollout_memory(run.offload, run.llm, run.device)
         with phase("rollout", metrics, run.device):
@@ -360,6 +367,7 @@ def train(run: Run) -> None:
             update_phase(run, batch, metrics)
         metrics.update(perf_metrics(run, batch, metrics))
         metrics.update(plan_metrics(run.plan, batch, cfg.num_steps_per_rollout, steps_done))
+        metrics.update(step_metrics(metrics, time.perf_counter() - started))
 
         metrics = reduce_metrics(metrics)
         metrics.update(plan_errors(metrics))  # measured / planned peaks - 1
@@ -372,8 +380,9 @@ def train(run: Run) -> None:
             if rollout == run.start_rollout + 1 and comparison_line(metrics):
                 bar.write(comparison_line(metrics))
         stop = run.nonfinite_steps >= max(1, cfg.max_nonfinite_steps)
+        signalled = sigterm.requested()
         if cfg.save_interval and (
-            rollout % cfg.save_interval == 0 or rollout == cfg.num_rollout or stop
+            rollout % cfg.save_interval == 0 or rollout == cfg.num_rollout or stop or signalled
         ):
             save_phase(run, rollout)
         if stop:
@@ -382,6 +391,20 @@ def train(run: Run) -> None:
                 f"gradient norm (max_nonfinite_steps={cfg.max_nonfinite_steps}); see "
                 f"train/nonfinite_steps in {cfg.output_dir}/metrics.jsonl"
             )
+        if signalled and rollout < cfg.num_rollout:
+            return rollout
+    return None
+
+
+def step_metrics(metrics: dict, seconds: float) -> dict[str, float]:
+    """A rollout's cost as a whole: wall time from the swap to the rollout to the end of
+    the update (evaluation and saving left out) and the most GPU memory any of its phases
+    held (mem/peak_gib; GPU only)."""
+    peaks = [v for k, v in metrics.items() if k.startswith("mem/") and k.endswith("_peak_gib")]
+    out = {"time/step_s": seconds}
+    if peaks:
+        out["mem/peak_gib"] = Max(max(peaks))
+    return out
 
 
 def _progress(iterable, total: int, enabled: bool):
@@ -407,6 +430,7 @@ def main() -> None:
             print(finished)
         return
     started = time.perf_counter()
+    sigterm = StopOnSignal()  # from here a SIGTERM stops the run after a rollout, saved
     try:
         run = setup(cfg, resume_required=args.resume)
     except (ConfigError, DataError, BenchmarkError, CheckpointError, PreflightError,
@@ -418,10 +442,13 @@ def main() -> None:
         print(start_report(cfg, args.config, args.overrides, str(run.device),
                            dist.world_size(), run.start_rollout, longest), flush=True)
     try:
-        train(run)
+        stopped = train(run, sigterm)
         if dist.rank() == 0:
-            print(end_report(cfg, (time.perf_counter() - started) / 60), flush=True)
+            minutes = (time.perf_counter() - started) / 60
+            print(end_report(cfg, minutes) if stopped is None
+                  else stop_report(cfg, stopped, minutes), flush=True)
     finally:
+        sigterm.close()
         run.logger.close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -3,17 +3,26 @@
     python -m minisparse.plot outputs/smollm2_cpu                  # outputs/smollm2_cpu/curves.png
     python -m minisparse.plot outputs/smollm2_dense outputs/smollm2_rkv --out curves.png
     python -m minisparse.plot outputs/a outputs/b --names dense,rkv --smooth 5 --out ab.png
+    python -m minisparse.plot outputs/ablation/*_seed* --group --out ablation.png
+    python -m minisparse.plot outputs/ablation/*_seed* --group --table   # results tables
 
 Reads only metrics.jsonl (one row per rollout), so it works on a run still in progress:
 a line cut short by a write in flight is skipped. Runs are named by their folder unless
 --names is given, in one legend above the panels; a panel leaves out the runs that never
 logged its metric (a dense run has no TIS truncation). Without --out the figure goes to
 curves.png in the first run's folder.
+
+--group draws the runs of one variant as one line: runs whose names differ only in a
+trailing seed (rkv_seed1, rkv_seed2; rkv-s1, rkv_s2) are a group, drawn as the mean over
+its seeds at the rollouts every one of them logged, with a band from the lowest to the
+highest seed. --table prints the held-out accuracy and cost tables (minisparse/table.py)
+of the groups instead of drawing (and draws too when --out is given).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -26,7 +35,12 @@ PANELS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("mismatch KL(sampler || dense), per token", (("mismatch/kl_k1", "-"),)),
     ("TIS truncated (-) / RS rejected (--) token fraction",
      (("tis/truncated_frac", "-"), ("rs/rejected_token_frac", "--"))),
+    ("held-out accuracy (in-training eval)", (("eval/average_accuracy", "-"),)),
 )
+# Logged only every eval_interval rollouts: drawn point to point, never smoothed.
+SPARSE = ("eval/",)
+# A trailing seed in a run's name: rkv_seed2, rkv-seed2, rkv_s2, rkv-s2.
+SEED_SUFFIX = re.compile(r"[_-](?:seed|s)\d+$")
 
 
 class PlotError(ValueError):
@@ -70,8 +84,37 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def plot_runs(runs: dict[str, list[dict]], out: str | Path, window: int = 1) -> Path:
-    """One figure, a panel per PANELS entry, every run a colour; written to `out`."""
+def group_name(run_name: str) -> str:
+    """The variant a run belongs to: its name without a trailing seed."""
+    return SEED_SUFFIX.sub("", run_name)
+
+
+def group_runs(runs: dict[str, list[dict]]) -> dict[str, list[list[dict]]]:
+    """Runs by group_name, in the order each group first appears."""
+    groups: dict[str, list[list[dict]]] = {}
+    for name, rows in runs.items():
+        groups.setdefault(group_name(name), []).append(rows)
+    return groups
+
+
+def group_series(seeds: list[list[dict]], key: str, window: int = 1
+                 ) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(rollouts, mean, lowest, highest) over the seeds' runs at the rollouts every one of
+    them logged `key`, each run smoothed over `window` of its own points first."""
+    curves = []
+    for rows in seeds:
+        x, y = series(rows, key)
+        curves.append(dict(zip(x, smooth(y, window))))
+    common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    values = [[c[r] for c in curves] for r in common]
+    return (common, [sum(v) / len(v) for v in values], [min(v) for v in values],
+            [max(v) for v in values])
+
+
+def plot_runs(runs: dict[str, list[dict]], out: str | Path, window: int = 1,
+              group: bool = False) -> Path:
+    """One figure, a panel per PANELS entry, every run (or with group, every group of
+    seeds: mean line, min..max band) a colour; written to `out`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,28 +122,42 @@ def plot_runs(runs: dict[str, list[dict]], out: str | Path, window: int = 1) -> 
 
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), layout="constrained")
+    cols = -(-len(PANELS) // 2)
+    fig, axes = plt.subplots(2, cols, figsize=(5 * cols, 8), layout="constrained")
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lines = group_runs(runs) if group else {name: [rows] for name, rows in runs.items()}
     handles = {}
     for ax, (title, curves) in zip(axes.flat, PANELS):
-        for i, (name, rows) in enumerate(runs.items()):
+        for i, (name, seeds) in enumerate(lines.items()):
+            label = name
+            if group:
+                label += (f" (mean of {len(seeds)} seeds, band: lowest to highest)"
+                          if len(seeds) > 1 else " (1 seed)")
             for key, style in curves:
-                x, y = series(rows, key)
-                if x:
-                    line, = ax.plot(x, smooth(y, window), style, color=colours[i % len(colours)],
-                                    marker="." if len(x) < 30 else None,
-                                    label=name if style == "-" else None)
-                    handles.setdefault(name, line)
+                sparse = key.startswith(SPARSE)
+                x, mean, lo, hi = group_series(seeds, key, 1 if sparse else window)
+                if not x:
+                    continue
+                colour = colours[i % len(colours)]
+                line, = ax.plot(x, mean, style, color=colour,
+                                marker="." if len(x) < 30 or sparse else None,
+                                label=label if style == "-" else None)
+                if group and len(seeds) > 1:
+                    ax.fill_between(x, lo, hi, color=colour, alpha=0.2, linewidth=0)
+                handles.setdefault(label, line)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("rollout")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         _flat_range(ax)
+    for ax in axes.flat[len(PANELS):]:
+        ax.set_visible(False)
     # One legend for the figure, outside every panel, so it covers no line.
     fig.legend([h for h in handles.values()], list(handles), loc="outside upper center",
                ncols=min(len(handles), 6), fontsize=9, frameon=False)
     if window > 1:
-        fig.supxlabel(f"moving average over {window} rollouts", fontsize=9)
+        fig.supxlabel(f"moving average over {window} rollouts (held-out accuracy: raw)",
+                      fontsize=9)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
@@ -130,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--names", default=None, help="comma-separated, one per RUN_DIR")
     parser.add_argument("--smooth", type=int, default=1,
                         help="moving average over this many rollouts (1: raw)")
+    parser.add_argument("--group", action="store_true",
+                        help="one line per variant: runs named alike but for a trailing "
+                             "seed (_seed1, -s2) drawn as their mean with a min..max band")
+    parser.add_argument("--table", action="store_true",
+                        help="print the held-out accuracy and cost tables per variant (mean "
+                             "± std over seeds) instead of drawing; --out draws as well")
     return parser
 
 
@@ -139,13 +202,24 @@ def main(argv: list[str] | None = None) -> int:
         names = args.names.split(",") if args.names else [Path(r).name for r in args.runs]
         if len(names) != len(args.runs):
             raise PlotError(f"--names has {len(names)} names for {len(args.runs)} runs")
+        if len(set(names)) != len(names):
+            raise PlotError("two runs have the same name; give --names")
         runs = {name: read_metrics(run) for name, run in zip(names, args.runs)}
-        path = plot_runs(runs, args.out or Path(args.runs[0]) / "curves.png", args.smooth)
+        if args.table:
+            from minisparse.table import results_tables
+
+            print(results_tables(group_runs(runs) if args.group
+                                 else {n: [r] for n, r in runs.items()}))
+        path = None
+        if args.out or not args.table:
+            path = plot_runs(runs, args.out or Path(args.runs[0]) / "curves.png", args.smooth,
+                             args.group)
     except PlotError as exc:
         print(f"plot error: {exc}", file=sys.stderr)
         return 2
-    counts = ", ".join(f"{n}: {len(r)}" for n, r in runs.items())
-    print(f"wrote {path} (rollouts per run: {counts})")
+    if path is not None:
+        counts = ", ".join(f"{n}: {len(r)}" for n, r in runs.items())
+        print(f"wrote {path} (rollouts per run: {counts})")
     return 0
 
 

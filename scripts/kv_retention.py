@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from minisparse.data.benchmarks import load_benchmark  # noqa: E402
 from minisparse.config.load import load_config  # noqa: E402
+from minisparse.data.synthetic import Difficulty  # noqa: E402
 from minisparse.engine import SamplingParams, engine as engine_mod  # noqa: E402
 from minisparse.engine.engine import LLMEngine  # noqa: E402
 from minisparse.evaluation import prompt_token_ids  # noqa: E402
@@ -36,20 +37,21 @@ class Positions:
         self.first: dict[int, int] = {}  # slot -> next_pos at its first compaction
         self.selected: list[torch.Tensor] = []
         real_select, real_compact = engine.policy.select_batch, engine_mod.compact
-        self.layers, self.budget = engine.lm.num_layers, engine.policy.budget
+        self.layers = engine.lm.num_layers
 
         def select(*a, **k):
             self.selected.append(real_select(*a, **k))
             return self.selected[-1]
 
-        def compact(pool, policy, rows, lens, next_pos):
-            real_compact(pool, policy, rows, lens, next_pos)
-            self.update(rows, lens, next_pos)
+        def compact(pool, policy, rows, lens, next_pos, protected=None):
+            real_compact(pool, policy, rows, lens, next_pos, protected)
+            self.update(rows, lens, next_pos, protected or [0] * len(rows))
 
         engine.policy.select_batch = select
         engine_mod.compact = compact
 
-    def update(self, rows, lens, next_pos) -> None:
+    def update(self, rows, lens, next_pos, protected) -> None:
+        """protected[i]: leading entries of rows[i] that stayed (compress.keep_prompt)."""
         keep = torch.cat(self.selected).cpu()
         self.selected.clear()
         keep = keep.view(len(rows), self.layers, keep.shape[1], keep.shape[2])
@@ -58,11 +60,11 @@ class Positions:
             if slot not in self.kept:
                 self.first[slot] = next_pos[i]
                 self.kept[slot] = [[fresh] * keep.shape[2] for _ in range(self.layers)]
-            else:  # the budget kept last time, then the tokens appended since
-                fresh = fresh[self.budget:]
+            first = protected[i]
             for layer in range(self.layers):
+                # the entries kept last time, then the tokens appended since
                 self.kept[slot][layer] = [
-                    [(head + fresh)[j] for j in idx]
+                    head[:first] + [(head + fresh[len(head):])[j] for j in idx]
                     for head, idx in zip(self.kept[slot][layer], keep[i, layer].tolist())]
 
 
@@ -95,7 +97,7 @@ def main() -> None:
     model, tok = load_policy(args.model, dtype, args.device)
     engine = LLMEngine(model, tok, cfg.engine, cfg.compress, args.device)
     tracker = Positions(engine)
-    problems = load_benchmark("arithmetic", "", limit=args.prompts)
+    problems = load_benchmark("arithmetic", "", args.prompts, Difficulty.from_config(cfg.data))
     prompts = [prompt_token_ids(tok, p.question, "user") for p in problems]
     outs = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=args.max_new,
                                                    seed=0))

@@ -1,68 +1,156 @@
 #!/bin/bash
-# Runs the Sparse-RL ablation in miniature: four SmolLM2-135M runs at once on one GPU, scored.
+# The Sparse-RL ablation in miniature: SmolLM2-135M-Instruct, seeds x variants, every run
+# at once (docs/results.md).
 #
-# SmolLM2-135M-Instruct on the generated arithmetic set (docs/results.md), four runs AT
-# ONCE on one GPU (135M fits many times), each its own process, MASTER_PORT and output
-# dir: dense; R-KV with every correction off; R-KV with the Sparse-RL corrections; SnapKV
-# with them. Each trains for TRAIN_S seconds at most (or ROLLOUTS rollouts), then its
-# newest checkpoint is scored on the held-out arithmetic benchmark; the dense run's and
-# the base model's also compressed (robustness).
+# Every (variant, seed) run is its own train.py process with its own MASTER_PORT and
+# output dir ROOT/VARIANT_seedN, all started together and spread over the machine's GPUs
+# (a 135M model leaves a GPU mostly idle: 12 runs share one 80 GB H100). Each trains to
+# ROLLOUTS rollouts, so every run ends at the same rollout whatever its speed, and scores
+# itself on 200 held-out problems (dense cache, the same for every variant) every
+# EVAL_EVERY rollouts: metrics.jsonl's eval/* rows are the results, no scoring phase.
+# A command stops each run TRAIN_S seconds after it started (SIGTERM: it finishes the
+# rollout under way and saves; killed GRACE_S later if still running); the same command
+# again resumes every unfinished run and skips the finished ones. At the end it prints
+# each run's progress and the results tables (python -m minisparse.plot --group --table).
 #
-#   bash scripts/smollm2_ablation.sh                 # needs checkpoints/smollm2-135m-instruct
-#   TRAIN_S=1800 ROLLOUTS=60 bash scripts/smollm2_ablation.sh
-#   EVAL=0 ...; then TRAIN=0 ... # train in one command, score in the next (or resume)
-#   PACK=$OUT/ablation.tgz bash scripts/smollm2_ablation.sh   # metrics, logs, evals packed
-#       on any exit, also when a time limit stops it (checkpoints and TensorBoard left out)
+# Variants: dense (smollm2_dense); rkv_naive (smollm2_rkv, every correction off); rkv
+# (smollm2_rkv: R-KV + Sparse-RL); snapkv (smollm2_snapkv: SnapKV + Sparse-RL);
+# rkv_keep_prompt (rkv with compress.keep_prompt: the prompt is never evicted).
+#
+#   bash scripts/smollm2_ablation.sh                          # 3 seeds x 4 variants
+#   bash scripts/smollm2_ablation.sh --seeds "1 2 3" --variants "dense rkv" --rollouts 60
+#   VARIANTS="dense rkv_naive rkv snapkv rkv_keep_prompt" bash scripts/smollm2_ablation.sh
+#   bash scripts/smollm2_ablation.sh --dry-run                # the train.py commands only
+#
+# Options (or the environment variable in capitals; default in brackets):
+#   --seeds LIST       SEEDS       seeds, space- or comma-separated ["1 2 3"]
+#   --variants LIST    VARIANTS    ["dense rkv_naive rkv snapkv"]
+#   --rollouts N       ROLLOUTS    rollouts of every run [30]
+#   --eval-every N     EVAL_EVERY  held-out evaluation every N rollouts [10]
+#   --train-s S        TRAIN_S     seconds each run trains in this command [450]
+#   --grace-s S        GRACE_S     after TRAIN_S, seconds to finish the rollout and save [90]
+#   --root DIR         ROOT        where the runs go [outputs/ablation]
+#   --kv-gb G          KV_GB       each run's rollout KV pool in GiB [2]
+#   --pack FILE        PACK        on exit, a .tgz of ROOT without checkpoints and TensorBoard
+#   --port N           PORT        first MASTER_PORT; run i takes PORT + i [29600]
+#   --dry-run                      print each run's command and exit
+#   EXTRA="--set k=v ..."          added to every run's train.py command
+#   BASE=DIR                       the model [checkpoints/smollm2-135m-instruct]
 case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=${ROOT:-outputs/ablation}
-TRAIN_S=${TRAIN_S:-280}
-ROLLOUTS=${ROLLOUTS:-80}
-KV_GB=${KV_GB:-6}
-BASE=${BASE:-checkpoints/smollm2-135m-instruct}
-export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-mkdir -p "$ROOT"
-[ -n "${PACK:-}" ] && trap 'tar czf "$PACK" --exclude=checkpoints --exclude=tensorboard "$ROOT"' EXIT
-NAIVE="--set loss.use_tis=false --set loss.use_rs=false --set loss.normalize_weights=false"
-
-train() {  # name port config [overrides]
-    local name=$1 port=$2 config=$3; shift 3
-    MASTER_PORT=$port timeout -s INT "$TRAIN_S" python train.py --config "$config" \
-        --set output_dir="$ROOT/$name" --set num_rollout="$ROLLOUTS" --set save_interval=3 \
-        --set engine.kv_memory_gb="$KV_GB" --set model.path="$BASE" "$@" ${EXTRA:-} \
-        > "$ROOT/$name.log" 2>&1
-    echo "$name: train exit $?"
-}
+SEEDS=${SEEDS:-1 2 3}
 VARIANTS=${VARIANTS:-dense rkv_naive rkv snapkv}
-on() { [[ " $VARIANTS " == *" $1 "* ]]; }
-if [ "${TRAIN:-1}" = 1 ]; then  # a second command with the same ROOT resumes each run
-    on dense && train dense 29501 smollm2_dense &
-    on rkv_naive && train rkv_naive 29502 smollm2_rkv $NAIVE &
-    on rkv && train rkv 29503 smollm2_rkv &
-    on snapkv && train snapkv 29504 smollm2_snapkv &
-    wait
-fi
-[ "${EVAL:-1}" = 1 ] || exit 0
+ROLLOUTS=${ROLLOUTS:-30}
+EVAL_EVERY=${EVAL_EVERY:-10}
+TRAIN_S=${TRAIN_S:-450}
+GRACE_S=${GRACE_S:-90}
+ROOT=${ROOT:-outputs/ablation}
+KV_GB=${KV_GB:-2}
+PACK=${PACK:-}
+PORT=${PORT:-29600}
+BASE=${BASE:-checkpoints/smollm2-135m-instruct}
+DRY=0
+while [ $# -gt 0 ]; do
+    case $1 in
+        --seeds) SEEDS=$2; shift ;;
+        --variants) VARIANTS=$2; shift ;;
+        --rollouts) ROLLOUTS=$2; shift ;;
+        --eval-every) EVAL_EVERY=$2; shift ;;
+        --train-s) TRAIN_S=$2; shift ;;
+        --grace-s) GRACE_S=$2; shift ;;
+        --root) ROOT=$2; shift ;;
+        --kv-gb) KV_GB=$2; shift ;;
+        --pack) PACK=$2; shift ;;
+        --port) PORT=$2; shift ;;
+        --dry-run) DRY=1 ;;
+        *) echo "smollm2_ablation.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+SEEDS=${SEEDS//,/ }
+VARIANTS=${VARIANTS//,/ }
+for n in "$ROLLOUTS" "$EVAL_EVERY" "$TRAIN_S" "$GRACE_S" "$PORT" $SEEDS; do
+    [[ $n =~ ^[0-9]+$ ]] || { echo "smollm2_ablation.sh: '$n' is not a whole number" >&2; exit 2; }
+done
 
-evaluate() {  # label model config
-    timeout "${EVAL_S:-3600}" python eval.py --config "$3" --model "$2" --benchmarks arithmetic --prompt-template user \
-        --max-new-tokens 512 --n-samples "${EVAL_N:-2}" --kv-memory-gb "$KV_GB" --no-progress \
-        ${EVAL_LIMIT:+--limit $EVAL_LIMIT} ${EVAL_EXTRA:-} \
-        --output "$ROOT/heldout/$1" > "$ROOT/heldout_$1.log" 2>&1
-    echo "$1: eval exit $?"
+NAIVE="--set loss.use_tis=false --set loss.use_rs=false --set loss.normalize_weights=false"
+variant_args() {  # the config and overrides of one variant
+    case $1 in
+        dense) echo "--config smollm2_dense" ;;
+        rkv_naive) echo "--config smollm2_rkv $NAIVE" ;;
+        rkv) echo "--config smollm2_rkv" ;;
+        snapkv) echo "--config smollm2_snapkv" ;;
+        rkv_keep_prompt) echo "--config smollm2_rkv --set compress.keep_prompt=true" ;;
+        *) return 1 ;;
+    esac
 }
-newest() { ls -d "$ROOT/$1"/checkpoints/rollout_* 2>/dev/null | tail -1; }
-mkdir -p "$ROOT/heldout"
-for name in $VARIANTS; do
-    ck=$(newest $name)
-    [ -n "$ck" ] && evaluate "${name}_$(basename "$ck")" "$ck/hf" smollm2_dense &
+for v in $VARIANTS; do
+    variant_args "$v" > /dev/null || {
+        echo "smollm2_ablation.sh: unknown variant '$v' (dense rkv_naive rkv snapkv" \
+             "rkv_keep_prompt)" >&2; exit 2; }
 done
-ck=$(newest dense)
-for c in rkv snapkv; do
-    [ -z "${SKIP_BASE:-}" ] && evaluate "base_$c" "$BASE" smollm2_$c &
-    on dense && [ -n "$ck" ] && evaluate "dense_$(basename "$ck")_$c" "$ck/hf" smollm2_$c &
+[ -d "$BASE" ] || [ $DRY = 1 ] || {
+    echo "smollm2_ablation.sh: no model at $BASE (python -m minisparse.download --model" \
+         "smollm2-135m-instruct --out checkpoints/)" >&2; exit 2; }
+
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if [ $DRY = 0 ] && ! python3 -c "import deepspeed" 2>/dev/null; then
+    # the GPU machine: the wheels ../shared/gpu/stage.py staged (deps/pNN), if carried
+    for part in .stage/deps/p*/; do [ -d "$part" ] && bash "$part/install.sh" "$part"; done
+fi
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+[ "$GPUS" -ge 1 ] || GPUS=1
+RUNS=$(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$VARIANTS") ))
+# the runs' CPU threads share the machine's cores rather than each taking them all
+THREADS=$(( $(nproc) / RUNS ))
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( THREADS > 0 ? THREADS : 1 ))}
+mkdir -p "$ROOT"
+[ -n "$PACK" ] && trap 'tar czf "$PACK" --exclude=checkpoints --exclude=tensorboard "$ROOT"' EXIT
+
+finished() { [ -f "$ROOT/$1/checkpoints/rollout_$(printf %06d "$ROLLOUTS")/COMPLETE" ]; }
+
+train() {  # name gpu port seed variant
+    local name=$1 gpu=$2 port=$3 seed=$4
+    local cmd="python train.py $(variant_args "$5") --set output_dir=$ROOT/$name"
+    cmd+=" --set seed=$seed --set num_rollout=$ROLLOUTS --set eval_interval=$EVAL_EVERY"
+    cmd+=" --set save_interval=$EVAL_EVERY --set save_total_limit=1"
+    cmd+=" --set engine.kv_memory_gb=$KV_GB --set model.path=$BASE ${EXTRA:-}"
+    if [ $DRY = 1 ]; then
+        echo "CUDA_VISIBLE_DEVICES=$gpu MASTER_PORT=$port $cmd"
+        return
+    fi
+    # shellcheck disable=SC2086  # the command's words split as written
+    CUDA_VISIBLE_DEVICES=$gpu MASTER_PORT=$port timeout --preserve-status -s TERM -k "$GRACE_S" \
+        "$TRAIN_S" $cmd >> "$ROOT/$name.log" 2>&1
+    echo "$name: exit $? after rollout $(last_rollout "$name") of $ROLLOUTS"
+}
+last_rollout() {  # the newest rollout in a run's metrics.jsonl
+    tail -n 1 "$ROOT/$1/metrics.jsonl" 2>/dev/null | sed -n 's/^{"rollout": \([0-9]*\).*/\1/p'
+}
+
+i=0
+for seed in $SEEDS; do
+    for v in $VARIANTS; do
+        name=${v}_seed$seed
+        if finished "$name"; then
+            echo "$name: finished ($ROLLOUTS rollouts)"
+        elif [ $DRY = 1 ]; then
+            train "$name" $((i % GPUS)) $((PORT + i)) "$seed" "$v"
+        else
+            train "$name" $((i % GPUS)) $((PORT + i)) "$seed" "$v" &
+        fi
+        i=$((i + 1))
+    done
 done
-[ -z "${SKIP_BASE:-}" ] && evaluate base_dense "$BASE" smollm2_dense &
 wait
+[ $DRY = 1 ] && exit 0
+runs=()
+for seed in $SEEDS; do for v in $VARIANTS; do
+    [ -f "$ROOT/${v}_seed$seed/metrics.jsonl" ] && runs+=("$ROOT/${v}_seed$seed")
+done; done
+[ ${#runs[@]} -gt 0 ] && python -m minisparse.plot "${runs[@]}" --group --table \
+    --out "$ROOT/ablation.png" | tee "$ROOT/results.md"

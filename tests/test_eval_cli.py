@@ -205,3 +205,29 @@ def test_bad_flag_values_exit_2(capsys):
     assert "--model" in capsys.readouterr().err
     assert eval_cli.main(["--output", "o", "--model", "m", "--kernel-size", "4"]) == 2
     assert "'compress.kernel_size' must be odd and >= 1, got 4" in capsys.readouterr().err
+
+
+def test_arithmetic_follows_the_difficulty_flags_and_records_it(tiny_path, tmp_path, capsys):
+    """--benchmarks arithmetic scores held-out problems of the difficulty a run trained on
+    (flags, or a --config's data.synthetic_*); a difficulty other than the default is part
+    of the results' settings, so a rerun at another one into the same folder exits 2."""
+    out = tmp_path / "easy"
+    args = [*TINY_RUN, "--benchmarks", "arithmetic", "--limit", "3", "--max-new-tokens", "4",
+            "--n-samples", "1", "--prompt-template", "user", "--output", str(out)]
+    assert eval_cli.main([*args, "--synthetic-max-operand", "9", "--synthetic-operators",
+                          "+,-", "--synthetic-operations", "2"]) == 0
+    questions = [r["question"] for r in read_samples(out, "arithmetic")]
+    assert len(questions) == 3
+    for q in questions:
+        words = q[len("What is $"):-2].split()
+        assert len(words) == 5 and words[1] in "+-" and words[3] in "+-"
+        assert all(1 <= int(n) <= 9 for n in words[::2])
+    settings = json.loads((out / "arithmetic" / "metrics.json").read_text())["settings"]
+    assert settings["arithmetic"] == {"max_operand": 9, "operators": ["+", "-"],
+                                      "operations": 2}
+    capsys.readouterr()
+    assert eval_cli.main([*args, "--synthetic-max-operand", "20"]) == 2
+    assert "differ: arithmetic" in capsys.readouterr().err
+    cfg, _ = resolve("--model", "m", "--config", "smollm2_cpu")
+    assert (cfg.data.synthetic_max_operand, cfg.data.synthetic_operators) == (9, ["+"])
+    assert "arithmetic" not in eval_cli.run_settings(resolve("--model", "m")[0], ["arithmetic"])

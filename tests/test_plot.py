@@ -33,9 +33,9 @@ def test_run_in_progress_and_overlaid_runs(tmp_path, monkeypatch, capsys):
     drawn = {}
     real_plot = plot.plot_runs
 
-    def spy(runs, out, window=1):
+    def spy(runs, out, window=1, group=False):
         drawn.update(runs=list(runs), window=window)
-        return real_plot(runs, out, window)
+        return real_plot(runs, out, window, group)
 
     monkeypatch.setattr(plot, "plot_runs", spy)
     out = tmp_path / "fig" / "curves.png"
@@ -112,3 +112,106 @@ def test_out_defaults_to_the_first_run(tmp_path, capsys):
     assert plot.main([str(tmp_path / "a")]) == 0
     assert (tmp_path / "a" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert f"wrote {tmp_path / 'a' / 'curves.png'}" in capsys.readouterr().out
+
+
+def _seeds(tmp_path):
+    """Two variants of three and two seeds; hand-made so mean and band are known."""
+    acc = {"dense_seed1": [0.1, 0.2, 0.3], "dense_seed2": [0.3, 0.4, 0.5],
+           "dense_seed3": [0.2, 0.3, 0.7], "rkv-s1": [0.0, 0.1], "rkv-s2": [0.2, 0.3]}
+    dirs = []
+    for name, values in acc.items():
+        rows = [{"rollout": i + 1, "rollout/accuracy": v} for i, v in enumerate(values)]
+        for row in rows:  # held-out accuracy every 2 rollouts
+            if row["rollout"] % 2 == 0:
+                row["eval/average_accuracy"] = row["rollout/accuracy"] / 2
+        write_run(tmp_path / name, rows)
+        dirs.append(tmp_path / name)
+    return dirs
+
+
+def test_group_names_drop_a_trailing_seed():
+    assert [plot.group_name(n) for n in ("rkv_seed12", "rkv-seed3", "rkv_s2", "rkv-s1",
+                                         "rkv_keep_prompt_seed1", "rkv2", "seeds")] == \
+        ["rkv", "rkv", "rkv", "rkv", "rkv_keep_prompt", "rkv2", "seeds"]
+
+
+def test_group_series_mean_and_band_over_seeds(tmp_path):
+    runs = {d.name: plot.read_metrics(d) for d in _seeds(tmp_path)}
+    groups = plot.group_runs(runs)
+    assert list(groups) == ["dense", "rkv"] and len(groups["dense"]) == 3
+    x, mean, lo, hi = plot.group_series(groups["dense"], "rollout/accuracy")
+    assert x == [1, 2, 3]
+    assert mean == pytest.approx([0.2, 0.3, 0.5])
+    assert lo == pytest.approx([0.1, 0.2, 0.3]) and hi == pytest.approx([0.3, 0.4, 0.7])
+    # each seed smoothed on its own first: seed 3 over 2 rollouts is 0.2, 0.25, 0.5
+    _, mean, lo, hi = plot.group_series(groups["dense"], "rollout/accuracy", window=2)
+    assert mean == pytest.approx([0.2, 0.25, 0.4]) and hi[2] == pytest.approx(0.5)
+    # only rollouts every seed logged
+    rows = groups["rkv"] + [[{"rollout": 1, "rollout/accuracy": 0.9}]]
+    assert plot.group_series(rows, "rollout/accuracy")[0] == [1]
+
+
+def test_grouped_figure_draws_a_line_and_a_band_per_variant(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {d.name: plot.read_metrics(d) for d in _seeds(tmp_path)}
+    saved = []
+    real_savefig = plt.Figure.savefig
+    plt.Figure.savefig = lambda fig, *a, **k: saved.append(fig) or real_savefig(fig, *a, **k)
+    try:
+        plot.plot_runs(runs, tmp_path / "x.png", group=True)
+    finally:
+        plt.Figure.savefig = real_savefig
+    fig = saved[0]
+    ax = {a.get_title(): a for a in fig.axes}["accuracy"]
+    assert [list(line.get_ydata()) for line in ax.lines] == [
+        pytest.approx([0.2, 0.3, 0.5]), pytest.approx([0.1, 0.2])]
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert min(band) == pytest.approx(0.1) and max(band) == pytest.approx(0.7)
+    held = {a.get_title(): a for a in fig.axes}["held-out accuracy (in-training eval)"]
+    assert list(held.lines[0].get_xdata()) == [2]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "dense (mean of 3 seeds, band: lowest to highest)",
+        "rkv (mean of 2 seeds, band: lowest to highest)"]
+
+
+def test_table_prints_mean_and_std_over_seeds(tmp_path, capsys):
+    dirs = _seeds(tmp_path)
+    for d in dirs:  # costs: dense peak KV 200, rkv 90 and 110; step times
+        rows = plot.read_metrics(d)
+        for row in rows:
+            row["compress/peak_cache_tokens_mean"] = 200.0 if "dense" in d.name else (
+                90.0 if d.name.endswith("1") else 110.0)
+            row["time/step_s"] = 10.0 * row["rollout"]
+            row["mem/rollout_peak_gib"], row["mem/update_peak_gib"] = 1.0, 3.0 + row["rollout"]
+        write_run(d.parent / (d.name + "_"), rows)  # rewritten copies
+    assert plot.main([str(d.parent / (d.name + "_")) for d in dirs]
+                     + ["--names", ",".join(d.name for d in dirs), "--group", "--table"]) == 0
+    out = capsys.readouterr().out
+    # held-out at rollout 2 (the only one all runs evaluated): dense 10, 20, 15 %;
+    # rkv 5, 15 %
+    assert "| dense | 3 | 15.0 ± 5.0 |" in out and "| rkv | 2 | 10.0 ± 7.1 |" in out
+    # costs over rollouts 1-2 (rkv's last): dense accuracy (0.1+0.2)/2, (0.3+0.4)/2,
+    # (0.2+0.3)/2 -> 15, 35, 25 %, rkv 5, 25 %; step 15 s; KV 200 and 100 ± 14.1
+    # (0.50 of dense)
+    assert "over rollouts 1-2" in out
+    cost = out.split("over rollouts 1-2")[1].splitlines()
+    dense = next(line for line in cost if line.startswith("| dense |"))
+    rkv = next(line for line in cost if line.startswith("| rkv |"))
+    # columns: training accuracy, response tokens (not logged), s / rollout, tokens/s,
+    # KV mean, KV max, mismatch, KV / dense, GPU memory (the larger phase peak: 3 + 2)
+    assert dense == ("| dense | 3 | 25.0 ± 10.0 | - | 15.0 ± 0.0 | - | 200 ± 0 | - | - | "
+                     "1.00 ± 0.00 | 5.00 ± 0.00 |")
+    assert rkv == ("| rkv | 2 | 15.0 ± 14.1 | - | 15.0 ± 0.0 | - | 100 ± 14 | - | - | "
+                   "0.50 ± 0.07 | 5.00 ± 0.00 |")
+    assert not list(tmp_path.glob("*/curves.png"))  # --table alone draws nothing
+
+
+def test_same_names_need_names(tmp_path, capsys):
+    write_run(tmp_path / "a" / "run", [{"rollout": 1}])
+    write_run(tmp_path / "b" / "run", [{"rollout": 1}])
+    assert plot.main([str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")]) == 2
+    assert "same name" in capsys.readouterr().err

@@ -50,6 +50,7 @@ REQUIRED_KEYS = [
     "compress/evicted_tokens_per_sample",
     "compress/peak_cache_tokens_mean",
     "time/rollout_s",
+    "time/step_s",
     "time/update_s",
     "time/logprobs_s",
     "perf/rollout_tokens_per_s",
@@ -294,6 +295,54 @@ def test_eval_metrics_logged_with_training(tmp_path, _minisparse_cache, eval_dir
     row = _rows(out)[0]
     assert row["eval/gsm8k/mean_response_tokens"] <= 8.0 and "eval/average_accuracy" in row
     assert not (out / "checkpoints").exists()  # save_interval 0: no checkpoints
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_in_training_eval_is_dense_unless_asked(tmp_path, _minisparse_cache, compress):
+    """tiny_rkv's prompts pass its budget at once, so a compressed evaluation compresses
+    every sample; eval.compress false (the default) scores with a dense cache, as a dense
+    run is scored. The held-out arithmetic follows the run's data.synthetic_* keys."""
+    out = tmp_path / "eval"
+    keys = ["num_rollout=1", "save_interval=0", "eval_interval=1", "eval.benchmarks=arithmetic",
+            "eval.limit=2", "eval.max_new_tokens=12", "eval.n_samples=1",
+            f"eval.compress={str(compress).lower()}", "data.synthetic_max_operand=9",
+            "data.synthetic_operators=+"]
+    res = _train(out, *[a for k in keys for a in ("--set", k)], cache=_minisparse_cache)
+    assert res.returncode == 0, res.stderr[-3000:]
+    bench = out / "eval" / "rollout_000001" / "arithmetic"
+    metrics = json.loads((bench / "metrics.json").read_text())["metrics"]
+    assert (metrics["mean_compressions"] > 0) == compress
+    questions = [json.loads(line)["question"] for line in (bench / "samples.jsonl").open()]
+    assert all(q.startswith("What is $") and " + " in q for q in questions)
+    assert all(int(n) <= 9 for q in questions for n in q[9:-2].split(" + "))
+
+
+def test_sigterm_stops_after_the_rollout_saved_and_the_command_resumes(
+        tmp_path, _minisparse_cache):
+    """A SIGTERM (a time limit's, a scheduler's) ends the run after the rollout under way
+    with a checkpoint of it, though save_interval would not save until rollout 50: the
+    same command then resumes after it instead of starting over."""
+    out = tmp_path / "stopped"
+    args = ["--set", "num_rollout=50", "--set", "save_interval=50"]
+    proc = subprocess.Popen(_cmd(out, *args), cwd=REPO, env=_env(_minisparse_cache),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.is_file() and metrics.read_text().count("\n") >= 1:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    done = len(_rows(out))
+    assert 1 <= done < 50
+    assert f"stopped by SIGTERM after rollout {done} of 50" in stdout
+    assert [p.name for p in complete_checkpoints(out)] == [f"rollout_{done:06d}"]
+    again = _train(out, "--set", f"num_rollout={done + 1}", "--set", "save_interval=50",
+                   cache=_minisparse_cache)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"(rollout {done}," in again.stdout
+    assert [r["rollout"] for r in _rows(out)] == list(range(1, done + 2))
 
 
 def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):

@@ -5,7 +5,8 @@ is compressed. See docs/compression.md for the rules and how to write one.
 from .policy import ScoringRule, build_policy, rule_class
 from .rules.rkv import RKV
 from .rules.snapkv import SnapKV
-from .trigger import compress_due, max_buffer, max_cache_tokens, newline_token_ids
+from .trigger import (compress_due, evictable_len, max_buffer, max_cache_tokens,
+                      newline_token_ids)
 
 __all__ = [
     "RKV",
@@ -13,6 +14,7 @@ __all__ = [
     "SnapKV",
     "build_policy",
     "compress_due",
+    "evictable_len",
     "max_buffer",
     "max_cache_tokens",
     "newline_token_ids",

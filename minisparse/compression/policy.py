@@ -1,6 +1,9 @@
 """What every compression rule shares: given each cached token's score, keep the top
 budget - window older tokens plus the last `window`; in batches of rows (sequences x
 layers folded together), in chunks sized so the scratch memory stays under a cap.
+A row's first `protected` positions (its prompt, under compress.keep_prompt) are never
+evicted and do not count against the budget: the selection is over the positions after
+them, ranked by the same scores.
 
 A rule is one file in minisparse/compression/rules/ that defines a ScoringRule subclass
 with score_batch(); its file name is its `compress.algorithm` value (build_policy).
@@ -69,19 +72,26 @@ class ScoringRule:
 
     # ---- public API -------------------------------------------------------------------
 
-    def select(self, keys: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
-        """Kept positions of one sequence in one layer: LongTensor [H_kv, min(L, budget)].
+    def select(self, keys: torch.Tensor, queries: torch.Tensor | None = None,
+               protected: int = 0) -> torch.Tensor:
+        """Kept positions of one sequence in one layer: LongTensor
+        [H_kv, min(L, protected + budget)].
 
         keys [H_kv, L, D] (post-RoPE, newest last), queries [H_q, W, D] (the last W
-        positions' post-RoPE queries; rules that use none take None). Ascending per head;
-        all L positions when L <= budget.
+        positions' post-RoPE queries; rules that use none take None); protected: the
+        leading positions always kept, outside the budget. Ascending per head; all L
+        positions when L <= protected + budget.
         """
         self._check_single(keys, queries)
         h_kv, length = keys.shape[0], keys.shape[1]
-        if length <= self.budget:
+        _check(protected >= 0, "protected", f"must be >= 0, got {protected}")
+        if length <= protected + self.budget:
             return torch.arange(length, device=keys.device).expand(h_kv, length).contiguous()
         lengths = torch.tensor([length], device=keys.device)
-        return self._select_rows(keys.unsqueeze(0), _unsqueeze(queries), lengths)[0]
+        first = torch.tensor([protected], device=keys.device)
+        kept = self._select_rows(keys.unsqueeze(0), _unsqueeze(queries), lengths, first)[0]
+        prefix = torch.arange(protected, device=keys.device).expand(h_kv, protected)
+        return torch.cat([prefix, kept], dim=-1)
 
     def score(self, keys: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
         """The scores select() ranks the L - W older tokens by: [H_kv, L - W], float32
@@ -101,13 +111,15 @@ class ScoringRule:
         queries: torch.Tensor | None,
         lengths: torch.Tensor,
         chunk_bytes: int | None = None,
+        protected: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Kept positions of many rows: LongTensor [B, H_kv, budget], ascending per row.
 
         keys [B, H_kv, Lmax, D] padded past lengths[b], queries [B, H_q, W, D] (or None),
-        lengths [B] with budget < lengths[b] <= Lmax. Row b equals
-        select(keys[b, :, :lengths[b]], queries[b]). chunk_bytes overrides the policy's
-        scratch-memory cap for this call.
+        lengths [B] with protected[b] + budget < lengths[b] <= Lmax. Row b equals
+        select(keys[b, :, :lengths[b]], queries[b], protected[b]) without its first
+        protected[b] positions, which are kept where they are (None: no row has any).
+        chunk_bytes overrides the policy's scratch-memory cap for this call.
         """
         _check(keys.dim() == 4, "keys",
                f"must be [B, H_kv, Lmax, D], got shape {tuple(keys.shape)}")
@@ -121,15 +133,22 @@ class ScoringRule:
         if keys.shape[0] == 0:
             return torch.empty(0, keys.shape[1], self.budget, dtype=torch.long,
                                device=keys.device)
-        lo, hi = int(lengths.min()), int(lengths.max())
-        _check(lo > self.budget, "lengths", f"must all exceed budget={self.budget}, min {lo}")
+        if protected is None:
+            protected = torch.zeros_like(lengths)
+        _check(protected.shape == lengths.shape, "protected",
+               f"must have shape {tuple(lengths.shape)}, got {tuple(protected.shape)}")
+        lo, hi = int((lengths - protected.to(lengths.device)).min()), int(lengths.max())
+        _check(lo > self.budget, "lengths",
+               f"must all exceed protected + budget={self.budget}, by {lo - self.budget} "
+               f"at least")
         _check(hi <= keys.shape[2], "lengths", f"must be <= Lmax={keys.shape[2]}, max {hi}")
         lengths = lengths.to(device=keys.device, dtype=torch.long)
+        protected = protected.to(device=keys.device, dtype=torch.long)
         step = self.rows_per_chunk(keys, queries, chunk_bytes)
         parts = [
             self._select_rows(keys[i:i + step],
                               None if queries is None else queries[i:i + step],
-                              lengths[i:i + step])
+                              lengths[i:i + step], protected[i:i + step])
             for i in range(0, keys.shape[0], step)
         ]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -144,12 +163,15 @@ class ScoringRule:
     # ---- internals --------------------------------------------------------------------
 
     def _select_rows(
-        self, keys: torch.Tensor, queries: torch.Tensor | None, lengths: torch.Tensor
+        self, keys: torch.Tensor, queries: torch.Tensor | None, lengths: torch.Tensor,
+        protected: torch.Tensor,
     ) -> torch.Tensor:
-        """Top budget - W older tokens by score plus the last W tokens, sorted."""
+        """Top budget - W older tokens by score (from protected[b] on) plus the last W
+        tokens, sorted."""
         rows, h_kv, lmax, _ = keys.shape
         scores = self.score_batch(keys, queries if self.uses_queries else None, lengths)
-        older = position_mask(lengths - self.window, lmax)[:, None, :]
+        older = position_mask(lengths - self.window, lmax) & ~position_mask(protected, lmax)
+        older = older[:, None, :]
         scores = scores.masked_fill(~older, float("-inf"))
         if self.cfg.selection == "per_layer":
             scores = scores.sum(dim=1, keepdim=True)

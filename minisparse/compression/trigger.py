@@ -17,6 +17,10 @@ divide_method "newline": due when cache_len > budget and the token just generate
   decodes to text containing a newline, or when cache_len >= budget + max_buffer (the
   hard cap; max_buffer None means 4 * divide_length).
 algorithm "none": never due.
+keep_prompt: the prompt is never evicted and the budget counts response tokens only, so
+  the engine passes cache_len without the prompt (evictable_len): every rule above then
+  holds for the response part, and a cache holds prompt + budget entries after a
+  compression.
 The settings come from a CompressConfig, checked where it is loaded (validate_config).
 """
 from __future__ import annotations
@@ -33,16 +37,24 @@ def max_buffer(cfg: CompressConfig) -> int:
     return 4 * cfg.divide_length if cfg.max_buffer is None else cfg.max_buffer
 
 
-def max_cache_tokens(cfg: CompressConfig) -> int | None:
+def evictable_len(cfg: CompressConfig, cache_len: int, prompt_len: int) -> int:
+    """The cache entries of a sequence that compression may evict, which the trigger and
+    the budget count: all of them, or those past the prompt under keep_prompt."""
+    return cache_len - prompt_len if cfg.keep_prompt else cache_len
+
+
+def max_cache_tokens(cfg: CompressConfig, prompt_len: int | None = None) -> int | None:
     """Most tokens a sequence's cache holds after a decode step's compression check
-    (before the compression that check triggers). None: unbounded (no compression).
+    (before the compression that check triggers). None: unbounded (no compression, or
+    keep_prompt without a prompt_len, whose bound grows with the prompt).
     A prompt longer than this exceeds it only between its prefill and the first check.
     """
-    if cfg.algorithm == "none":
+    if cfg.algorithm == "none" or (cfg.keep_prompt and prompt_len is None):
         return None
+    kept = cfg.budget + (prompt_len if cfg.keep_prompt else 0)
     if cfg.divide_method == "step_length":
-        return cfg.budget + cfg.divide_length
-    return cfg.budget + max_buffer(cfg)
+        return kept + cfg.divide_length
+    return kept + max_buffer(cfg)
 
 
 def first_compression_len(cfg: CompressConfig, prompt_len: int) -> int | None:
@@ -51,9 +63,11 @@ def first_compression_len(cfg: CompressConfig, prompt_len: int) -> int | None:
     checked after the prefill and after each decode step whose sampled token does not end
     the sequence, i.e. with j generated tokens cached (j = 0, 1, ...) for a response of at
     least j + 2 tokens; the first check that can be due has j past the budget and, for
-    step_length, at divide_length tokens or at the cap (newline: at the first newline)."""
+    step_length, at divide_length tokens or at the cap (newline: at the first newline).
+    Under keep_prompt the prompt counts for nothing."""
     if cfg.algorithm == "none":
         return None
+    prompt_len = evictable_len(cfg, prompt_len, prompt_len)
     past_budget = cfg.budget + 1 - prompt_len
     first = max(0, past_budget)
     if cfg.divide_method == "step_length":

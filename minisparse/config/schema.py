@@ -144,6 +144,10 @@ class CompressConfig:
     sim_threshold: Similarity = 0.5
     selection: Selection = "per_head"
     n_sink: NonNegativeInt = 4  # streaming_llm: the first tokens, always kept
+    # Never evict the prompt: the budget (and the trigger) count response tokens only, so
+    # a compressed cache holds prompt + budget entries. Off, as in the Sparse-RL paper's
+    # code: the prompt competes with the response for the budget.
+    keep_prompt: bool = False
 
 
 @dataclass
@@ -231,6 +235,10 @@ class EvalConfig:
     top_p: Share = 0.95
     n_samples: Count | None = None  # None: each benchmark's protocol value (32 on aime24/amc23)
     prompt_template: PromptTemplate = "boxed"  # boxed | chat | user (synthetic rows' turn)
+    # In-training evaluation (eval_interval) through the rollout engine: with its KV
+    # compression (true), or a dense cache (false), so that runs trained with and without
+    # compression are scored alike. eval.py sets compression with its own flags.
+    compress: bool = False
 
 
 @dataclass
@@ -322,6 +330,8 @@ HELP = {
     "compress.selection": "per_head: each KV head keeps its own tokens; per_layer: one set "
                           "per layer",
     "compress.n_sink": "streaming_llm: attention-sink tokens (the first ones) always kept",
+    "compress.keep_prompt": "never evict prompt tokens; the budget counts response tokens "
+                            "only",
     "engine.backend": "rollout engine; sglang (an embedded sglang.Engine) is dense only",
     "engine.page_size": "tokens per KV-cache page",
     "engine.kv_memory_gb": "KV pool size in GiB; 0: kv-memory-fraction decides",
@@ -335,6 +345,11 @@ HELP = {
                             "kernels on CUDA (off: PyTorch ops, the ablation)",
     "engine.overlap_decode": "launch each decode step before reading the last one's tokens",
     "engine.share_prompt_cache": "the n samples of a prompt prefill it once",
+    "data.synthetic_max_operand": "generated arithmetic: operands of + and - are drawn "
+                                  "from 1..N (factors of x from 2..min(30, N))",
+    "data.synthetic_operators": "generated arithmetic: comma-separated operators drawn "
+                                "from (+, -, *)",
+    "data.synthetic_operations": "generated arithmetic: operators per problem (2: a + b - c)",
     "eval.benchmarks": "comma-separated benchmark names; unset: the paper's seven (gsm8k, "
                        "math500, minerva_math, olympiadbench, aime24, amc23, gaokao2023en)",
     "eval.data_dir": "folder with NAME/test.jsonl per benchmark, see docs/eval.md",

@@ -8,7 +8,8 @@ list of final answers. Each reader turns one row into (question, answer) the way
 harness does, so scores stay comparable with the paper's. Every problem of a run is read
 before any generation, and a bad name, file or row raises BenchmarkError naming it.
 Generated benchmarks (arithmetic: held-out problems of minisparse.data.synthetic, never in its
-training rows) need no file.
+training rows) need no file; their problems follow a Difficulty (the data.synthetic_* keys),
+so a run trained on one difficulty is scored on held-out problems of the same kind.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minisparse.data.reward import last_boxed
-from minisparse.data.synthetic import synthetic_problems
+from minisparse.data.synthetic import Difficulty, synthetic_problems
 
 # The seven benchmarks the Sparse-RL paper reports, in its table order.
 PAPER_BENCHMARKS: tuple[str, ...] = (
@@ -62,7 +63,8 @@ class BenchmarkSpec:
     reader: Callable[[dict], tuple[str, str]] | None  # None for a generated benchmark
     n_samples: int = 1
     max_new_tokens: int = 8192
-    generate: Callable[[int], list[tuple[str, str]]] | None = None  # no file: n problems
+    # No file: n problems of a difficulty (benchmarks that have none ignore it).
+    generate: Callable[[int, Difficulty], list[tuple[str, str]]] | None = None
     size: int = 0  # problems of a generated benchmark when no limit is given
 
 
@@ -139,7 +141,8 @@ REGISTRY: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("amc23", read_amc23, n_samples=32, max_new_tokens=16384),
         BenchmarkSpec("gaokao2023en", read_gaokao2023en),
         BenchmarkSpec("arithmetic", None, n_samples=4, max_new_tokens=1024, size=500,
-                      generate=lambda n: synthetic_problems(n, ARITHMETIC_SEED, "heldout")),
+                      generate=lambda n, level: synthetic_problems(n, ARITHMETIC_SEED, "heldout",
+                                                                     level)),
     )
 }
 
@@ -165,11 +168,16 @@ def _question_with_hint(question: str, answer: str) -> str:
     return question
 
 
-def load_benchmark(name: str, data_dir: str | Path, limit: int | None = None) -> list[Problem]:
-    """The first `limit` problems (all when None) of one benchmark; BenchmarkError if bad."""
+def load_benchmark(name: str, data_dir: str | Path, limit: int | None = None,
+                   level: Difficulty = Difficulty()) -> list[Problem]:
+    """The first `limit` problems (all when None) of one benchmark; BenchmarkError if bad.
+    level: the difficulty of a generated benchmark's problems."""
     spec = get_spec(name)
     if spec.generate is not None:
-        pairs = spec.generate(spec.size if limit is None else limit)
+        try:
+            pairs = spec.generate(spec.size if limit is None else limit, level)
+        except ValueError as exc:  # a difficulty that leaves the held-out split empty
+            raise BenchmarkError(f"benchmark '{name}': {exc}") from None
         return [Problem(name, i, q, a) for i, (q, a) in enumerate(pairs)]
     path = benchmark_path(name, data_dir)
     if not path.is_file():
@@ -206,7 +214,10 @@ def parse_benchmark_names(text: str | Sequence[str] | None) -> list[str]:
 
 
 def load_benchmarks(
-    names: Sequence[str], data_dir: str | Path, limit: int | None = None
+    names: Sequence[str], data_dir: str | Path, limit: int | None = None,
+    level: Difficulty = Difficulty(),
 ) -> dict[str, list[Problem]]:
-    """Every named benchmark, read in full before any generation starts."""
-    return {name: load_benchmark(name, data_dir, limit) for name in parse_benchmark_names(names)}
+    """Every named benchmark, read in full before any generation starts (level: the
+    generated ones' difficulty)."""
+    return {name: load_benchmark(name, data_dir, limit, level)
+            for name in parse_benchmark_names(names)}

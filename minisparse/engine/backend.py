@@ -3,6 +3,7 @@ that picks the backend a config names: the native engine (dense or compressed) o
 embedded SGLang engine (dense only)."""
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -32,6 +33,10 @@ class RolloutBackend(Protocol):
 
     def update_weights(self, model: nn.Module) -> None:
         """Generate with `model`'s (possibly new) parameters from now on."""
+        ...
+
+    def dense(self) -> AbstractContextManager[None]:
+        """Inside it, generate() keeps every token's K/V (no compression)."""
         ...
 
 

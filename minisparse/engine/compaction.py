@@ -3,9 +3,11 @@ policy.select_batch call, then pack them into the first cache entries of the seq
 
 Entry j of head h becomes the j-th kept token of head h, so after compaction every head of
 every layer holds exactly `budget` entries and attention needs only the per-sequence
-length. Kept indices are ascending and index[j] >= j, and all kept values are gathered
-before any is written, so packing in place is safe. The caller returns the pages past
-the first ceil(budget / page_size) to the pool (Scheduler.compacted).
+length. Under keep_prompt a sequence's first P entries (its prompt) stay where they are
+and entry P + j takes the j-th kept token after them: P + budget entries. Kept indices are
+ascending and index[j] >= P + j, and all kept values are gathered before any is written,
+so packing in place is safe. The caller returns the pages past the first
+ceil((P + budget) / page_size) to the pool (Scheduler.compacted).
 
 On CUDA the key gather and the packing are Triton kernels (triton_compaction) that read
 the page table themselves; the PyTorch copies here are the CPU path and their reference.
@@ -22,16 +24,18 @@ _GATHER_BYTES = 1 << 30  # cap on the gathered keys per group of sequences
 
 @torch.no_grad()
 def compact(pool: KVPool, policy, rows: list[int], cache_lens: list[int],
-            next_pos: list[int]) -> None:
-    """Compress the caches of the sequences in `rows` (runner slots) down to policy.budget.
-    cache_lens: their entries now (each > budget); next_pos: their next RoPE position
-    (used to read the query ring in time order)."""
+            next_pos: list[int], protected: list[int] | None = None) -> None:
+    """Compress the caches of the sequences in `rows` (runner slots) down to policy.budget
+    entries after their first protected[i] (None: 0 each), which stay. cache_lens: their
+    entries now (each > protected + budget); next_pos: their next RoPE position (used to
+    read the query ring in time order)."""
     k = pool.k
     per_seq = k.shape[0] * k.shape[2] * max(cache_lens) * k.shape[3] * k.element_size()
     group = max(1, _GATHER_BYTES // per_seq)
+    protected = [0] * len(rows) if protected is None else protected
     for i in range(0, len(rows), group):
         _compact_group(pool, policy, *(pool_tensor(pool, x[i:i + group])
-                                       for x in (rows, cache_lens, next_pos)),
+                                       for x in (rows, cache_lens, next_pos, protected)),
                        lmax=max(cache_lens[i:i + group]))
 
 
@@ -40,7 +44,7 @@ def pool_tensor(pool: KVPool, values: list[int]) -> torch.Tensor:
 
 
 def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
-                   next_pos: torch.Tensor, lmax: int) -> None:
+                   next_pos: torch.Tensor, protected: torch.Tensor, lmax: int) -> None:
     """lmax: max(lens), known on the host (no device sync)."""
     n_layers, _, h_kv, d = pool.k.shape
     s, budget = rows.shape[0], policy.budget
@@ -54,21 +58,26 @@ def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
     if policy.uses_queries:
         queries = pool.ring_queries(rows, next_pos)  # [layers, s, W, H_q, D]
         queries = queries.permute(1, 0, 3, 2, 4).reshape(s * n_layers, -1, pool.window, d)
-    keep = policy.select_batch(keys, queries, lens.repeat_interleave(n_layers))
+    keep = policy.select_batch(keys, queries, lens.repeat_interleave(n_layers),
+                               protected=protected.repeat_interleave(n_layers))
     del keys, queries
     keep = keep.view(s, n_layers, h_kv, budget)
     if fast:
-        fast.compact_in_place(pool.k, pool.v, pool.page_table, pool.page_size, rows, keep)
+        fast.compact_in_place(pool.k, pool.v, pool.page_table, pool.page_size, rows, keep,
+                              protected)
     else:
-        _pack(pool, rows, keep)
+        _pack(pool, rows, keep, protected)
 
 
-def _pack(pool: KVPool, rows: torch.Tensor, keep: torch.Tensor) -> None:
-    """Entry j of each (sequence rows[i], layer, head) takes what entry keep[i, layer,
-    head, j] holds (keep [s, layers, H_kv, budget]): every kept row is gathered before any
-    is written, as rows of D values read as int64 words."""
+def _pack(pool: KVPool, rows: torch.Tensor, keep: torch.Tensor,
+          first: torch.Tensor | None = None) -> None:
+    """Entry first[i] + j of each (sequence rows[i], layer, head) takes what entry
+    keep[i, layer, head, j] holds (keep [s, layers, H_kv, budget]; first None: 0): every
+    kept row is gathered before any is written, as rows of D values read as int64 words."""
     keep = keep.permute(1, 0, 3, 2)  # [layers, s, budget, H_kv]
     entries = torch.arange(keep.shape[2], device=pool.device)[None, None, :, None]
+    if first is not None:
+        entries = entries + first[None, :, None, None]
     src = _flat_rows(pool, rows[None, :, None, None], keep)
     dst = _flat_rows(pool, rows[None, :, None, None], entries.expand_as(keep))
     for cache in (pool.k, pool.v):

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from minisparse.compression import build_policy, compress_due, max_cache_tokens, newline_token_ids
+from minisparse.compression import (build_policy, compress_due, evictable_len, max_cache_tokens,
+                                   newline_token_ids)
 from minisparse.engine.page_allocator import PageAllocator
 from minisparse.engine.progress import GenerateProgress
 from minisparse.engine.compaction import compact
@@ -88,6 +91,22 @@ class LLMEngine:
             self.pool.allocate()
             self.runner.reset_graphs()
 
+    @contextmanager
+    def dense(self) -> Iterator[None]:
+        """Generate with a dense cache inside (a compressed run's evaluation, scored like a
+        dense run's): no policy, decode graphs for uncompressed lengths."""
+        if self.policy is None:
+            yield
+            return
+        saved = self.policy, self.runner.graph_max_len
+        self.policy, self.runner.graph_max_len = None, None
+        self.runner.reset_graphs()
+        try:
+            yield
+        finally:
+            self.policy, self.runner.graph_max_len = saved
+            self.runner.reset_graphs()
+
     def update_weights(self, model: nn.Module) -> None:
         """Re-bind to the (possibly new) parameter tensors of `model`; only the fused
         qkv / gate-up copy (CUDA) is rebuilt. Captured decode graphs are dropped (they hold
@@ -105,7 +124,8 @@ class LLMEngine:
         allocator = self.allocator = PageAllocator(self.pool.num_pages, self.pool.page_size)
         sched = Scheduler(allocator, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens,
                           self._share_mode(), self.pool.window,
-                          self.policy.budget if self.policy is not None else 0)
+                          self.policy.budget if self.policy is not None else 0,
+                          self.compress.keep_prompt)
         seqs = self._sequences(prompt_token_ids, params)
         for seq in seqs:
             if seq.finish_reason is None:
@@ -230,9 +250,12 @@ class LLMEngine:
                  if s.finish_reason is None and s.stop_reason(t) is None]
         due = self._due([s for s, _ in going], [t in self.newline_ids for _, t in going])
         if due:
+            protected = None
+            if self.compress.keep_prompt:
+                protected = [s.num_prompt for s in due]
             with self.timer.region("compress"):
                 compact(self.pool, self.policy, [s.slot for s in due],
-                        [s.cache_len for s in due], [s.num_computed for s in due])
+                        [s.cache_len for s in due], [s.num_computed for s in due], protected)
             stats.compress_events += 1
         return due
 
@@ -241,11 +264,12 @@ class LLMEngine:
         each one just sampled holds a newline; None: none does)."""
         if self.policy is None:
             return []
-        budget = self.policy.budget
-        over = [i for i, s in enumerate(seqs) if s.cache_len > budget]  # never due under
+        budget, cfg = self.policy.budget, self.compress
+        lens = [evictable_len(cfg, s.cache_len, s.num_prompt) for s in seqs]
+        over = [i for i, n in enumerate(lens) if n > budget]  # never due under
         if not over:
             return []
-        lens = torch.tensor([seqs[i].cache_len for i in over])
+        lens = torch.tensor([lens[i] for i in over])
         since = torch.tensor([seqs[i].since_compress for i in over])
         nl = torch.tensor([bool(newline and newline[i]) for i in over])
         due = compress_due(lens, since, nl, self.compress).tolist()

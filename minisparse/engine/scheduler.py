@@ -34,14 +34,15 @@ SHARE_MODES = ("pages", "copy", "none")
 class Scheduler:
     def __init__(self, allocator: PageAllocator, max_num_seqs: int,
                  max_prefill_tokens: int, share: str = "none", window: int = 0,
-                 budget: int = 0) -> None:
+                 budget: int = 0, keep_prompt: bool = False) -> None:
         """window, budget: the compression's query window and the cache entries a
-        compacted sequence keeps (0 when dense)."""
+        compacted sequence keeps (0 when dense), past its prompt when keep_prompt."""
         if share not in SHARE_MODES:
             raise ValueError(f"share must be one of {SHARE_MODES}, got {share!r}")
         self.allocator = allocator
         self.max_prefill_tokens = max_prefill_tokens
         self.share, self.window, self.budget = share, window, budget
+        self.keep_prompt = keep_prompt
         self.free_slots = list(range(max_num_seqs - 1, -1, -1))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -257,14 +258,16 @@ class Scheduler:
         self.compacted(compacted or [])
 
     def compacted(self, seqs: list[Sequence]) -> None:
-        """Each of seqs now holds `budget` cache entries (compaction packed them first):
-        return the pages past them and count the eviction."""
-        keep = self.allocator.pages_for(self.budget)
+        """Each of seqs now holds `budget` cache entries, after its prompt's under
+        keep_prompt (compaction packed them first): return the pages past them and count
+        the eviction."""
         for seq in seqs:
+            kept = self.budget + (seq.num_prompt if self.keep_prompt else 0)
+            keep = self.allocator.pages_for(kept)
             self.allocator.release(seq.pages[keep:])
             seq.pages = seq.pages[:keep]
             seq.synced_pages = min(seq.synced_pages, keep)
-            seq.compacted(self.budget)
+            seq.compacted(kept)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason, seq.status = reason, Status.FINISHED

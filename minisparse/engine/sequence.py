@@ -111,10 +111,10 @@ class Sequence:
         self.cache_len += n
         self.since_compress += n
 
-    def compacted(self, budget: int) -> None:
-        """Its cache now holds `budget` entries; RoPE positions (num_computed) go on."""
-        self.evicted_tokens += self.cache_len - budget
-        self.cache_len, self.since_compress = budget, 0
+    def compacted(self, kept: int) -> None:
+        """Its cache now holds `kept` entries; RoPE positions (num_computed) go on."""
+        self.evicted_tokens += self.cache_len - kept
+        self.cache_len, self.since_compress = kept, 0
         self.num_compressions += 1
 
     def reset_cache(self) -> None:

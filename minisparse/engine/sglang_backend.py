@@ -197,6 +197,10 @@ class SGLangBackend:
 
     # ---- phase control ------------------------------------------------------------------
 
+    def dense(self) -> contextlib.AbstractContextManager[None]:
+        """Its cache is always dense."""
+        return contextlib.nullcontext()
+
     def sleep(self) -> None:
         """Weights, KV cache and CUDA graphs off the GPU (torch_memory_saver)."""
         if self.awake:

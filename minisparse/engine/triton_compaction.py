@@ -9,11 +9,12 @@ and moves whole rows:
 
 * `gather_keys`: each (sequence, layer, entry block) reads its slots once (all KV heads of
   a slot are adjacent) and writes [s, layers, H_kv, lmax, D], the layout scoring reads.
-* `compact_in_place`: each (sequence, layer, head) moves its kept entries to the front,
-  block by block in ascending order, without a staging copy. That is safe because kept
-  indices ascend with index[j] >= j: block b only reads entries >= its own first output
-  entry, and every earlier block wrote only entries below that; inside a block all rows
-  are read before a barrier, then written.
+* `compact_in_place`: each (sequence, layer, head) moves its kept entries to the front
+  (or to just after its protected prompt entries, which stay), block by block in
+  ascending order, without a staging copy. That is safe because kept indices ascend with
+  index[j] >= first + j: block b only reads entries >= its own first output entry, and
+  every earlier block wrote only entries below that; inside a block all rows are read
+  before a barrier, then written.
 """
 from __future__ import annotations
 
@@ -57,10 +58,11 @@ def gather_keys(k: torch.Tensor, page_table: torch.Tensor, page_size: int, rows:
 
 
 @triton.jit
-def _compact_kernel(K, V, PT, ROWS, KEEP, stride_layer, stride_pt, BUDGET, PS,
+def _compact_kernel(K, V, PT, ROWS, KEEP, FIRST, stride_layer, stride_pt, BUDGET, PS,
                     H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
     i, layer, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row = tl.load(ROWS + i)
+    first = tl.load(FIRST + i)
     keep = KEEP + ((i * tl.num_programs(1) + layer) * H + h).to(tl.int64) * BUDGET
     base = layer.to(tl.int64) * stride_layer + h * D
     d = tl.arange(0, D)
@@ -68,10 +70,11 @@ def _compact_kernel(K, V, PT, ROWS, KEEP, stride_layer, stride_pt, BUDGET, PS,
         j = j0 + tl.arange(0, BLOCK)
         ok = j < BUDGET
         src_e = tl.load(keep + j, mask=ok, other=0)
+        dst_e = first + j
         src_page = tl.load(PT + row * stride_pt + src_e // PS, mask=ok, other=0)
-        dst_page = tl.load(PT + row * stride_pt + j // PS, mask=ok, other=0)
+        dst_page = tl.load(PT + row * stride_pt + dst_e // PS, mask=ok, other=0)
         src = base + (src_page * PS + src_e % PS)[:, None] * (H * D) + d[None, :]
-        dst = base + (dst_page * PS + j % PS)[:, None] * (H * D) + d[None, :]
+        dst = base + (dst_page * PS + dst_e % PS)[:, None] * (H * D) + d[None, :]
         kx = tl.load(K + src, mask=ok[:, None])
         vx = tl.load(V + src, mask=ok[:, None])
         tl.debug_barrier()  # every row of the block read before any is overwritten
@@ -80,18 +83,22 @@ def _compact_kernel(K, V, PT, ROWS, KEEP, stride_layer, stride_pt, BUDGET, PS,
 
 
 def compact_in_place(k: torch.Tensor, v: torch.Tensor, page_table: torch.Tensor,
-                     page_size: int, rows: torch.Tensor, keep: torch.Tensor) -> None:
-    """For each sequence rows[i], layer l and KV head h, make cache entry j hold what
-    entry keep[i, l, h, j] held, for j < budget. keep [len(rows), layers, H_kv, budget]
-    ascending along the last dim with keep[..., j] >= j."""
+                     page_size: int, rows: torch.Tensor, keep: torch.Tensor,
+                     first: torch.Tensor | None = None) -> None:
+    """For each sequence rows[i], layer l and KV head h, make cache entry first[i] + j hold
+    what entry keep[i, l, h, j] held, for j < budget (first None: 0; entries below it stay).
+    keep [len(rows), layers, H_kv, budget] ascending along the last dim with
+    keep[i, ..., j] >= first[i] + j."""
     _check(k, v)
     n_layers, _, h, d = k.shape
     budget = keep.shape[-1]
     if rows.numel():
         keep = keep.contiguous()
+        if first is None:
+            first = torch.zeros_like(rows)
         _compact_kernel[(rows.shape[0], n_layers, h)](
-            k, v, page_table, rows, keep, k.stride(0), page_table.stride(0), budget, page_size,
-            H=h, D=d, BLOCK=_BLOCK)
+            k, v, page_table, rows, keep, first.to(torch.long).contiguous(), k.stride(0),
+            page_table.stride(0), budget, page_size, H=h, D=d, BLOCK=_BLOCK)
 
 
 def _check(k: torch.Tensor, v: torch.Tensor | None = None) -> None:

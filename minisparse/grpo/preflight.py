@@ -12,6 +12,7 @@ from pathlib import Path
 from minisparse.config.schema import Config, ConfigError
 from minisparse.data.benchmarks import load_benchmarks
 from minisparse.data.datasets import check_data
+from minisparse.data.synthetic import Difficulty
 from minisparse.data.reward_plugin import load_reward_function
 from minisparse.engine import check_backend
 from minisparse.grpo.checkpoint import CheckpointError, latest_checkpoint, trainer_state
@@ -42,7 +43,8 @@ def check_run(cfg: Config, world: int, resume_required: bool) -> Checked:
     resume_from = resume_checkpoint(cfg, resume_required)
     problems = None
     if cfg.eval_interval:
-        problems = load_benchmarks(cfg.eval.benchmarks, cfg.eval.data_dir, cfg.eval.limit)
+        problems = load_benchmarks(cfg.eval.benchmarks, cfg.eval.data_dir, cfg.eval.limit,
+                                   Difficulty.from_config(cfg.data))
     return Checked(eval_problems=problems, resume_from=resume_from)
 
 

@@ -46,7 +46,9 @@ def cache_line(cfg: Config, longest_prompt: int) -> str:
     when = (f"the longest prompt ({longest_prompt} tokens) is compressed once read" if not into
             else f"the first compression comes {into} tokens into a response (longest "
                  f"prompt, {longest_prompt} tokens)")
-    return (f"rollout KV cache: {ALGORITHMS[c.algorithm]}, {c.budget} tokens kept, "
+    kept = (f"the prompt + {c.budget} response tokens kept" if c.keep_prompt
+            else f"{c.budget} tokens kept")
+    return (f"rollout KV cache: {ALGORITHMS[c.algorithm]}, {kept}, "
             f"compressed {how}; {when}")
 
 
@@ -93,6 +95,14 @@ def end_report(cfg: Config, minutes: float) -> str:
                      f"(eval.py --model {newest / 'hf'})")
     lines.append(f"plot: {plot_command(cfg.output_dir)}  (writes {out / 'curves.png'})")
     return "\n".join(lines)
+
+
+def stop_report(cfg: Config, rollout: int, minutes: float) -> str:
+    """Said when a SIGTERM stopped the run between rollouts."""
+    saved = (f"checkpoint {latest_checkpoint(cfg.output_dir)} saved; the same command "
+             f"resumes from it" if cfg.save_interval else "nothing saved (save_interval 0)")
+    return (f"stopped by SIGTERM after rollout {rollout} of {cfg.num_rollout} "
+            f"({minutes:.1f} min); {saved}")
 
 
 def finished_message(cfg: Config) -> str | None:

@@ -163,3 +163,68 @@ def test_knorm_matches_reference(selection):
     ref = reference.scores(keys, None, "knorm", window=WINDOW)  # bf16: up to near-ties
     reference.check_selection(policy.select(keys), ref, 200, BUDGET, WINDOW, selection,
                               atol=1e-6 * float(ref.abs().mean()))
+
+
+# ---- keep_prompt: protected leading positions --------------------------------------------
+
+def test_protected_prompt_by_hand():
+    """KNorm keeps the lowest norms. Norms 0.01, 0.02, 0.03 (a 3-token prompt), then
+    5, 0.5, 4, 0.1, 3 and a window of 2. Budget 4: without protection the prompt's
+    tiny norms win the 2 older places ([0, 1] + window); with the prompt protected it
+    stays whole, outside the budget, and the 2 places go to the response's lowest norms
+    (positions 6 and 4)."""
+    keys = torch.zeros(1, 10, 2)
+    keys[0, :8, 0] = torch.tensor([0.01, 0.02, 0.03, 5.0, 0.5, 4.0, 0.1, 3.0])
+    keys[0, 8:] = 9.0
+    policy = make_policy("knorm", budget=4, window=2)
+    assert policy.select(keys).tolist() == [[0, 1, 8, 9]]
+    assert policy.select(keys, protected=3).tolist() == [[0, 1, 2, 4, 6, 8, 9]]
+    # a cache that fits prompt + budget is kept whole; one token more is compressed:
+    # window 6, 7; of the older 3, 4, 5 (norms 5, 0.5, 4) the two lowest, 4 and 5
+    assert policy.select(keys[:, :7], protected=3).tolist() == [list(range(7))]
+    assert policy.select(keys[:, :8], protected=3).tolist() == [[0, 1, 2, 4, 5, 6, 7]]
+    batch = policy.select_batch(keys[None], None, torch.tensor([10]),
+                                protected=torch.tensor([3]))
+    assert batch.tolist() == [[[4, 6, 8, 9]]]  # the prompt stays put, outside the result
+
+
+@pytest.mark.parametrize("algorithm", rule_names())
+@pytest.mark.parametrize("selection", ["per_head", "per_layer"])
+def test_protected_prompt_keeps_the_rules_order_after_it(algorithm, selection):
+    """With P protected positions each rule keeps all P, the window, and the top
+    budget - window of its own scores among positions P .. L - W - 1."""
+    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, selection=selection)
+    length, prompt = 3 * BUDGET, 10
+    keys, queries = make_inputs(2, 2, length, WINDOW, seed=7)
+    kept = policy.select(keys, queries, protected=prompt)
+    assert kept.shape == (2, prompt + BUDGET)
+    scores = policy.score(keys, queries)  # [H_kv, L - W]
+    if selection == "per_layer":
+        scores = scores.sum(dim=0, keepdim=True).expand(2, -1)
+    top = scores[:, prompt:].topk(BUDGET - WINDOW, dim=-1).values[:, -1:]
+    for h, row in enumerate(kept.tolist()):
+        assert row[:prompt] == list(range(prompt))
+        assert row[-WINDOW:] == list(range(length - WINDOW, length))
+        chosen = row[prompt:-WINDOW]
+        assert all(prompt <= j < length - WINDOW for j in chosen)
+        assert scores[h, chosen].min() >= top[h, 0] - 1e-6  # no better token left out
+
+
+def test_protected_batch_equals_rows():
+    """select_batch with per-row prompt lengths: each row as select() with its own,
+    minus the protected prefix."""
+    policy = make_policy("rkv", budget=BUDGET, window=WINDOW, pooling="avg")
+    lengths, prompts = [BUDGET + 6, 3 * BUDGET, 2 * BUDGET + 5], [5, 17, 0]
+    rows = [make_inputs(2, 2, n, WINDOW, seed=20 + i) for i, n in enumerate(lengths)]
+    keys = torch.zeros(3, 2, max(lengths), 16)
+    for i, (k, _) in enumerate(rows):
+        keys[i, :, :k.shape[1]] = k
+    queries = torch.stack([q for _, q in rows])
+    kept = policy.select_batch(keys, queries, torch.tensor(lengths),
+                               protected=torch.tensor(prompts))
+    assert kept.shape == (3, 2, BUDGET)
+    for i, ((k, q), p) in enumerate(zip(rows, prompts)):
+        assert torch.equal(kept[i], policy.select(k, q, protected=p)[:, p:])
+    with pytest.raises(ValueError, match="protected \\+ budget"):
+        policy.select_batch(keys, queries, torch.tensor(lengths),
+                            protected=torch.tensor([7, 17, 0]))  # 30 - 7 < budget + 1

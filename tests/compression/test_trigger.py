@@ -146,3 +146,21 @@ def test_training_config_whose_compression_never_runs_is_refused():
                                           "is first compressed in a response of 575 tokens"):
         check_compression_reach(load_config("smollm2_rkv", ["compress.budget=700"]))
     check_compression_reach(load_config("smollm2_dense", ["compress.budget=700"]))  # dense
+
+
+def test_keep_prompt_counts_the_response_only():
+    """Under keep_prompt the prompt counts for nothing: a 60-token prompt is first
+    compressed 17 tokens into the response (past the budget of 16; due at once, as
+    since_last >= 8), not right after it is read; the cache bound grows by the prompt."""
+    from minisparse.compression import evictable_len
+    from minisparse.compression.trigger import first_compression_len
+
+    off = CompressConfig(algorithm="rkv", budget=16, window=4, divide_length=8)
+    on = CompressConfig(algorithm="rkv", budget=16, window=4, divide_length=8,
+                        keep_prompt=True)
+    assert first_compression_len(off, 60) == 2  # compressed once read, seen at 2 tokens
+    assert first_compression_len(on, 60) == 17 + 2
+    assert first_compression_len(on, 5) == first_compression_len(on, 60)
+    assert max_cache_tokens(off) == max_cache_tokens(off, 60) == 24
+    assert max_cache_tokens(on) is None and max_cache_tokens(on, 60) == 84
+    assert (evictable_len(off, 70, 60), evictable_len(on, 70, 60)) == (70, 10)

@@ -168,3 +168,17 @@ def test_arithmetic_is_generated_held_out_and_needs_no_file(tmp_path):
     assert not training & {user_prompt(p.question) for p in problems}
     assert sum(str(eval(p.question[9:-2].replace("\\times", "*"))) == p.answer
                for p in problems) == 500
+
+
+def test_arithmetic_at_a_difficulty_stays_held_out(tmp_path):
+    from minisparse.data.synthetic import Difficulty, split_of, synthetic_rows, user_prompt
+
+    level = Difficulty(20, ("+", "-"), 1)
+    problems = load_benchmark("arithmetic", tmp_path, 50, level)
+    exprs = [p.question[len("What is $"):-2] for p in problems]
+    assert all(split_of(e) == "heldout" for e in exprs)
+    assert all(int(n) <= 20 for e in exprs for n in e.split()[::2])
+    training = {r["prompt"] for r in synthetic_rows(2000, 0, level)}
+    assert not training & {user_prompt(p.question) for p in problems}
+    with pytest.raises(BenchmarkError, match="benchmark 'arithmetic': no heldout problem"):
+        load_benchmark("arithmetic", tmp_path, 5, Difficulty(1, ("+",), 1))  # "1 + 1": train

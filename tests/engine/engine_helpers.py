@@ -117,18 +117,20 @@ class Tracker:
         for head in self.entries[seq.seq_id, layer]:
             head.append(pos)
 
-    def compacted(self, rows) -> None:
+    def compacted(self, rows, protected=None) -> None:
+        """protected[i]: leading entries of rows[i] that stay (keep_prompt), before the
+        selected ones."""
         by_slot = {s.slot: s for s in self.seqs or [c[0] for c in self.chunks]}
         keep = torch.cat(self.selected)
         self.selected.clear()
         n_layers = self.engine.lm.num_layers
         keep = keep.view(len(rows), n_layers, keep.shape[1], keep.shape[2])
         for i, row in enumerate(rows):
-            seq = by_slot[row]
+            seq, first = by_slot[row], protected[i] if protected else 0
             for layer in range(n_layers):
                 heads = self.entries[seq.seq_id, layer]
                 kept = keep[i, layer].tolist()
-                self.entries[seq.seq_id, layer] = [[head[j] for j in idx]
+                self.entries[seq.seq_id, layer] = [head[:first] + [head[j] for j in idx]
                                                    for head, idx in zip(heads, kept)]
 
 
@@ -177,8 +179,8 @@ def track(engine, monkeypatch) -> Tracker:
     monkeypatch.setattr(engine.policy, "select_batch",
                         lambda *a, **k: tr.selected.append(real_select(*a, **k)) or tr.selected[-1])
 
-    def compact(pool, policy, rows, lens, next_pos):
-        real_compact(pool, policy, rows, lens, next_pos)
-        tr.compacted(rows)
+    def compact(pool, policy, rows, lens, next_pos, protected=None):
+        real_compact(pool, policy, rows, lens, next_pos, protected)
+        tr.compacted(rows, protected)
     monkeypatch.setattr(engine_mod, "compact", compact)
     return tr

@@ -3,6 +3,8 @@ tokens the policy kept (engine_helpers.Tracker), caches stay within their bound,
 come back to the pool."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -60,17 +62,45 @@ def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
         assert (o.num_compressions, o.evicted_tokens) == simulate(len(o.prompt_token_ids), steps)
 
 
-def simulate(prompt_len: int, new_tokens: int) -> tuple[int, int]:
+def simulate(prompt_len: int, new_tokens: int, cfg: CompressConfig = CFG) -> tuple[int, int]:
     """(compressions, evicted tokens) the trigger implies: a check after prefill, then one
-    after each decode step but the last (which finishes the sequence)."""
+    after each decode step but the last (which finishes the sequence). Under keep_prompt
+    the trigger counts the cache past the prompt, which stays."""
     cache, since, count, evicted = prompt_len, 0, 0, 0
+    prompt = prompt_len if cfg.keep_prompt else 0
     for step in range(new_tokens - 1):
         if step:
             cache, since = cache + 1, since + 1
-        if bool(compress_due(torch.tensor([cache]), torch.tensor([since]),
-                             torch.tensor([False]), CFG)):
-            count, evicted, cache, since = count + 1, evicted + cache - CFG.budget, CFG.budget, 0
+        if bool(compress_due(torch.tensor([cache - prompt]), torch.tensor([since]),
+                             torch.tensor([False]), cfg)):
+            kept = prompt + cfg.budget
+            count, evicted, cache, since = count + 1, evicted + cache - kept, kept, 0
     return count, evicted
+
+
+def test_keep_prompt_never_evicts_the_prompt(monkeypatch, qwen2):
+    """keep_prompt with prompts longer than the budget: no compression at prefill, every
+    layer and head still attends to the whole prompt after each compaction (attention
+    checked against the kept tokens), then budget response tokens; a cache holds at most
+    prompt + budget + divide_length entries, and every page comes back."""
+    cfg = dataclasses.replace(CFG, keep_prompt=True)
+    engine = make_engine(qwen2, cfg, page_size=4)
+    tr = track(engine, monkeypatch)
+    ps = prompts(4, lo=18, hi=30, seed=2)
+    outs = engine.generate(ps, SamplingParams(temperature=0.9, max_new_tokens=50, seed=5,
+                                              ignore_eos=True))
+    assert tr.checked > 0 and tr.max_err < 1e-5
+    by_seq = {}
+    for (seq_id, layer), heads in tr.entries.items():
+        by_seq.setdefault(seq_id, []).extend(heads)
+    for i, (p, o) in enumerate(zip(ps, outs)):
+        assert (o.num_compressions, o.evicted_tokens) == simulate(len(p), 50, cfg)
+        assert o.num_compressions >= 2
+        assert o.peak_cache_tokens <= max_cache_tokens(cfg, len(p))
+        for head in by_seq[i]:
+            assert head[:len(p)] == list(range(len(p)))
+            assert len(head) <= len(p) + cfg.budget + cfg.divide_length
+    assert engine.allocator.num_free == engine.pool.num_pages
 
 
 def test_long_prompt_compresses_right_after_prefill(qwen2):
@@ -117,14 +147,16 @@ def test_newline_trigger_fires_on_generated_newlines():
 
 
 KNORM = CompressConfig(algorithm="knorm", budget=16, window=4, divide_length=8)
+KEEP_PROMPT = dataclasses.replace(CFG, keep_prompt=True)
 
 
-@pytest.mark.parametrize("cfg", [CFG, KNORM], ids=["rkv", "knorm"])
+@pytest.mark.parametrize("cfg", [CFG, KNORM, KEEP_PROMPT], ids=["rkv", "knorm", "keep_prompt"])
 def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monkeypatch, cfg):
     """The batched compaction (gather, select_batch, pack) leaves in each (sequence, layer,
     head) exactly the K/V that policy.select picks from that row's own keys and queries,
     read naively from the pool: catches rows of the batch scored against another row's
-    (or another layer's) keys, which attention-over-kept-tokens checks cannot see."""
+    (or another layer's) keys, which attention-over-kept-tokens checks cannot see. Under
+    keep_prompt the prompt's entries come first, unmoved, then budget selected ones."""
     import minisparse.engine.engine as engine_mod
 
     engine = make_engine(qwen2, cfg, page_size=4)
@@ -135,28 +167,33 @@ def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monke
         slots = pool.slots(torch.tensor([row]), n)[0]
         return pool.k[layer, slots].transpose(0, 1), pool.v[layer, slots].transpose(0, 1)
 
-    def compact(pool, policy, rows, lens, next_pos):
+    def compact(pool, policy, rows, lens, next_pos, protected=None):
+        assert (protected is not None) == cfg.keep_prompt
+        protected = protected or [0] * len(rows)
         want = {}
-        for row, n, pos in zip(rows, lens, next_pos):
+        for row, n, pos, first in zip(rows, lens, next_pos, protected):
             q = None
             if policy.uses_queries:
                 q = pool.ring_queries(torch.tensor([row]), torch.tensor([pos]))[:, 0]
             for layer in range(pool.k.shape[0]):
                 keys, values = gather(pool, layer, row, n)
-                keep = policy.select(keys, None if q is None else q[layer].transpose(0, 1))
+                keep = policy.select(keys, None if q is None else q[layer].transpose(0, 1),
+                                     first)
+                assert keep.shape[1] == first + policy.budget
                 keep = keep[..., None]
-                want[row, layer] = (keys.gather(1, keep.expand(-1, -1, keys.shape[-1])),
-                                    values.gather(1, keep.expand(-1, -1, keys.shape[-1])))
-        real(pool, policy, rows, lens, next_pos)
-        for (row, layer), (k, v) in want.items():
-            got_k, got_v = gather(pool, layer, row, policy.budget)
+                want[row, layer, first] = (keys.gather(1, keep.expand(-1, -1, keys.shape[-1])),
+                                           values.gather(1, keep.expand(-1, -1, keys.shape[-1])))
+        real(pool, policy, rows, lens, next_pos, None if not cfg.keep_prompt else protected)
+        for (row, layer, first), (k, v) in want.items():
+            got_k, got_v = gather(pool, layer, row, first + policy.budget)
             assert torch.equal(got_k, k) and torch.equal(got_v, v), (row, layer)
         sizes.append(len(rows))
 
     monkeypatch.setattr(engine_mod, "compact", compact)
     ps = prompts(5, lo=12, hi=12, seed=4)  # same length: compressed together
-    engine.generate(ps, SamplingParams(max_new_tokens=40, seed=1, ignore_eos=True))
+    outs = engine.generate(ps, SamplingParams(max_new_tokens=40, seed=1, ignore_eos=True))
     assert max(sizes) == 5
+    assert all(o.num_compressions > 0 for o in outs)
 
 
 def test_streaming_llm_keeps_sinks_and_the_newest_tokens_without_a_query_ring(qwen2,
@@ -184,13 +221,14 @@ def test_streaming_llm_keeps_sinks_and_the_newest_tokens_without_a_query_ring(qw
     (256, 16, 128),  # past budget + divide_length: compressed right after the prefill
     (10, 16, 8), (20, 16, 8), (30, 16, 8),
 ])
-def test_first_compression_len_is_exact(qwen2, prompt_len, budget, divide_length):
+@pytest.mark.parametrize("keep_prompt", [False, True])
+def test_first_compression_len_is_exact(qwen2, prompt_len, budget, divide_length, keep_prompt):
     """The shortest response that sees a compression: one token fewer sees none. What
     the bench and train.py check before a run that compression would never reach."""
     from minisparse.compression.trigger import first_compression_len
 
     cfg = CompressConfig(algorithm="rkv", budget=budget, window=4,
-                         divide_length=divide_length, kernel_size=3)
+                         divide_length=divide_length, kernel_size=3, keep_prompt=keep_prompt)
     engine = make_engine(qwen2, cfg, page_size=4)
     need = first_compression_len(cfg, prompt_len)
     seen = []
@@ -199,3 +237,16 @@ def test_first_compression_len_is_exact(qwen2, prompt_len, budget, divide_length
             temperature=1.0, max_new_tokens=new, seed=0, ignore_eos=True))
         seen.append(out.num_compressions)
     assert seen == [0, 1]
+
+
+def test_dense_context_generates_as_a_dense_engine(qwen2):
+    """engine.dense() (a compressed run's in-training evaluation): the same samples as a
+    dense engine's, nothing evicted; compression is back after it."""
+    engine, plain = make_engine(qwen2, CFG, page_size=4), make_engine(qwen2, None, page_size=4)
+    ps = prompts(3, lo=5, hi=20, seed=7)
+    params = SamplingParams(temperature=0.9, max_new_tokens=40, seed=3, ignore_eos=True)
+    with engine.dense():
+        outs = engine.generate(ps, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain.generate(ps, params)]
+    assert all(o.num_compressions == 0 for o in outs)
+    assert all(o.num_compressions > 0 for o in engine.generate(ps, params))

@@ -109,9 +109,13 @@ def test_preemption_completes_every_sample(gpu_model):
         check_against_forward(gpu_model, p, o, greedy=True)
 
 
-@pytest.mark.parametrize("algorithm", ["knorm", "rkv", "snapkv", "streaming_llm"])
-def test_compressed_attention_matches_kept_tokens(gpu_model, algorithm, monkeypatch):
-    cfg = CompressConfig(algorithm=algorithm, budget=32, window=8, divide_length=16)
+@pytest.mark.parametrize("algorithm,keep_prompt", [
+    ("knorm", False), ("rkv", False), ("snapkv", False), ("streaming_llm", False),
+    ("rkv", True)])  # keep_prompt: the Triton packing after each sequence's own prompt
+def test_compressed_attention_matches_kept_tokens(gpu_model, algorithm, keep_prompt,
+                                                  monkeypatch):
+    cfg = CompressConfig(algorithm=algorithm, budget=32, window=8, divide_length=16,
+                         keep_prompt=keep_prompt)
     engine = make_engine(gpu_model, cfg, kv_memory_gb=1.0, page_size=16, cuda_graphs=False)
     tr = track(engine, monkeypatch)  # python checks in every attention call: no graphs
     ps = vocab_prompts(gpu_model, 4, 10, 70)
@@ -119,7 +123,10 @@ def test_compressed_attention_matches_kept_tokens(gpu_model, algorithm, monkeypa
     assert engine.last_stats.compressions > 0 and tr.checked > 0
     assert tr.max_err < 3e-2, tr.max_err
     for p, o in zip(ps, outs):
-        assert o.peak_cache_tokens <= max(max_cache_tokens(cfg), len(p))
+        assert o.peak_cache_tokens <= max(max_cache_tokens(cfg, len(p)), len(p))
+    if keep_prompt:  # every head of every layer still holds its whole prompt, in order
+        for (seq, _), heads in tr.entries.items():
+            assert all(h[:len(ps[seq])] == list(range(len(ps[seq]))) for h in heads)
     assert engine.allocator.num_free == engine.pool.num_pages
 
 

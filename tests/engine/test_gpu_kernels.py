@@ -49,3 +49,4 @@ def test_compaction_copies(budget, L):
 
     cpu_tc.check_gather(triton_compaction, "cuda", 128)
     cpu_tc.check_compact(triton_compaction, "cuda", 128, budget, L)
+    cpu_tc.check_compact(triton_compaction, "cuda", 128, budget, L, protected=(5, 0, 3))

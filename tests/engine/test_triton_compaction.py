@@ -46,23 +46,33 @@ def check_gather(tc, device: str, d: int) -> None:
         assert not got[i, :, :, n:].any()  # zeros past the sequence's length
 
 
-def check_compact(tc, device: str, d: int, budget: int, L: int) -> None:
+def check_compact(tc, device: str, d: int, budget: int, L: int,
+                  protected: tuple[int, ...] | None = None) -> None:
     """Each head keeps its own ascending entries; the kernel packs them in place block by
-    block and must end where the PyTorch gather-then-scatter ends, everywhere in the pool."""
+    block and must end where the PyTorch gather-then-scatter ends, everywhere in the pool.
+    protected: each sequence's leading entries that stay (keep_prompt), the kept ones
+    packed after them."""
     pool = _pool(device, d, seed=budget)
     rows = torch.tensor([1, 4, 2], device=device)
+    first = protected or (0, 0, 0)
     g = torch.Generator().manual_seed(budget)
-    keep = torch.stack([torch.randperm(L, generator=g)[:budget].sort().values
-                        for _ in range(3 * LAYERS * H)]).view(3, LAYERS, H, budget)
-    keep[0, 0, 0] = torch.arange(budget)  # nothing moves
+    keep = torch.stack([p + torch.randperm(L - p, generator=g)[:budget].sort().values
+                        for p in first for _ in range(LAYERS * H)]).view(3, LAYERS, H, budget)
+    keep[0, 0, 0] = first[0] + torch.arange(budget)  # nothing moves
     keep[1, 1, 1] = torch.arange(L - budget, L)  # everything moves by the same shift
     keep = keep.to(device)
+    first = None if protected is None else torch.tensor(first, device=device)
     want = SimpleNamespace(**vars(pool))
     want.k, want.v = pool.k.clone(), pool.v.clone()
-    compaction._pack(want, rows, keep)
+    compaction._pack(want, rows, keep, first)
     assert not torch.equal(want.k, pool.k)
-    tc.compact_in_place(pool.k, pool.v, pool.page_table, PS, rows, keep)
+    before = pool.k.clone()
+    tc.compact_in_place(pool.k, pool.v, pool.page_table, PS, rows, keep, first)
     assert torch.equal(pool.k, want.k) and torch.equal(pool.v, want.v)
+    if protected is not None:  # the protected entries are where they were
+        for i, p in enumerate(protected):
+            slots = pool.slot_of(rows[i:i + 1, None], torch.arange(p, device=device)[None])[0]
+            assert torch.equal(pool.k[:, slots], before[:, slots])
 
 
 def test_gather_keys_matches_index_select(tc):
@@ -72,6 +82,12 @@ def test_gather_keys_matches_index_select(tc):
 @pytest.mark.parametrize("budget,L", [(40, 47), (70, 90)])  # 2 or 3 blocks of 32, a tail
 def test_compact_in_place_matches_gather_then_copy(tc, budget, L):
     check_compact(tc, "cpu", 16, budget, L)
+
+
+def test_compact_in_place_after_protected_prompts(tc):
+    """keep_prompt: entries below each sequence's own prompt length stay, the kept ones
+    land right after them (a prompt that ends inside a page, one on a page boundary)."""
+    check_compact(tc, "cpu", 16, 40, 90, protected=(5, 8, 13))
 
 
 def test_rejects_non_contiguous_cache(tc):

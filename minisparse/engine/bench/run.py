@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from minisparse.compression import max_cache_tokens
+from minisparse.compression import evictable_len, max_cache_tokens
 from minisparse.compression.trigger import unreachable
 from minisparse.config.cli import (ENGINE_KEYS, HelpFormatter, add_config_flags, config_overrides,
                                    flag_name)
@@ -152,10 +152,13 @@ def warmup_tokens(args: argparse.Namespace) -> int:
     compiles its kernels again for the new lengths (~1.1 s on an H200, seen in every
     first timed run while the warm-up stopped after one event)."""
     compress = bench_config(args).compress
-    bound = max_cache_tokens(compress)
+    bound = max_cache_tokens(compress, args.prompt_len)
     if not args.warmup or bound is None:
         return args.warmup
-    return max(args.warmup, 2 * bound - compress.budget - args.prompt_len + 2)
+    # in what the trigger counts (keep_prompt: the response part alone)
+    bound, prompt = (evictable_len(compress, n, args.prompt_len)
+                     for n in (bound, args.prompt_len))
+    return max(args.warmup, 2 * bound - compress.budget - prompt + 2)
 
 
 def median_run(runs: list[dict]) -> dict:

@@ -1,0 +1,129 @@
+"""The results tables of an ablation, from its runs' metrics.jsonl, as Markdown:
+`python -m minisparse.plot RUN_DIR... --group --table`.
+
+Held-out accuracy: per variant (a group of seeds, see plot.group_runs), the in-training
+evaluation's accuracy (eval/average_accuracy) at each rollout that every run evaluated,
+as mean ± standard deviation over the seeds (sample std; "-" with one seed).
+Cost: per variant, over the rollouts every run of every variant has done (so variants are
+compared on the same rollouts), each run's mean, then mean ± std over seeds: wall time
+per rollout (time/step_s: rollout to update, evaluation and saving left out), rollout
+tokens/s, peak KV per sequence (its mean over samples, and the most any sample held),
+and the most GPU memory the process held in any phase. Runs that share a GPU share its
+time, so wall time and tokens/s are those of the runs together.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+HELDOUT = "eval/average_accuracy"
+DENSE = "dense"  # the variant the KV column divides by, when there is one
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for a single value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def cell(values: list[float], fmt: str = "{:.1f}", scale: float = 1.0) -> str:
+    """'mean ± std' of values (times scale), '-' for no values, the mean alone for one."""
+    if not values:
+        return "-"
+    mean, std = mean_std([v * scale for v in values])
+    return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std))
+
+
+def eval_rollouts(groups: dict[str, list[list[dict]]]) -> list[int]:
+    """The rollouts at which every run of every group logged a held-out accuracy."""
+    sets = [{r["rollout"] for r in rows if HELDOUT in r}
+            for runs in groups.values() for rows in runs]
+    return sorted(set.intersection(*sets)) if sets else []
+
+
+def common_rollouts(groups: dict[str, list[list[dict]]]) -> int:
+    """The last rollout every run has logged (0 when one has none)."""
+    return min((max((r["rollout"] for r in rows), default=0)
+                for runs in groups.values() for rows in runs), default=0)
+
+
+def run_mean(rows: list[dict], key: str, upto: int,
+             reduce: Callable[[list[float]], float] | None = None) -> float | None:
+    """One run's `key` over its rollouts 1..upto: the mean (or `reduce`); None if absent."""
+    values = [float(r[key]) for r in rows if key in r and r["rollout"] <= upto]
+    if not values:
+        return None
+    return reduce(values) if reduce else sum(values) / len(values)
+
+
+def peak_memory(rows: list[dict], upto: int) -> float | None:
+    """The most GPU memory (GiB) the run held in any phase: mem/peak_gib, or the largest
+    per-phase peak of runs that logged no mem/peak_gib."""
+    keys = {k for r in rows for k in r if k.startswith("mem/") and k.endswith("_peak_gib")}
+    found = [run_mean(rows, k, upto, max) for k in sorted(keys)]
+    return max((v for v in found if v is not None), default=None)
+
+
+def heldout_table(groups: dict[str, list[list[dict]]]) -> str:
+    """Markdown: a row per variant, a column per common evaluation rollout (in %)."""
+    at = eval_rollouts(groups)
+    if not at:
+        return "no rollout at which every run logged eval/average_accuracy"
+    lines = ["| variant | seeds | " + " | ".join(f"rollout {r}" for r in at) + " |",
+             "|---|---|" + "---|" * len(at)]
+    for name, runs in groups.items():
+        cells = []
+        for r in at:
+            cells.append(cell([row[HELDOUT] for rows in runs for row in rows
+                               if row["rollout"] == r and HELDOUT in row], scale=100))
+        lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+COST_COLUMNS: tuple[tuple[str, str, Callable | None, str, float], ...] = (
+    # (header, metric, reduce over rollouts (None: mean), format, scale)
+    ("training accuracy %", "rollout/accuracy", None, "{:.1f}", 100.0),
+    ("response tokens", "rollout/response_len_mean", None, "{:.0f}", 1.0),
+    ("s / rollout", "time/step_s", None, "{:.1f}", 1.0),
+    ("rollout tokens/s", "perf/rollout_tokens_per_s", None, "{:.0f}", 1.0),
+    ("peak KV / seq, mean", "compress/peak_cache_tokens_mean", None, "{:.0f}", 1.0),
+    ("peak KV / seq, max", "compress/peak_cache_tokens_max", max, "{:.0f}", 1.0),
+    ("mismatch KL (k1)", "mismatch/kl_k1", None, "{:.4f}", 1.0),
+)
+
+
+def cost_table(groups: dict[str, list[list[dict]]]) -> str:
+    """Markdown: a row per variant, the COST_COLUMNS, the KV relative to the dense
+    variant's and the GPU memory, over the rollouts all runs have done."""
+    upto = common_rollouts(groups)
+    head = [c[0] for c in COST_COLUMNS]
+    dense = groups.get(DENSE)
+    dense_kv = None
+    if dense:
+        values = [run_mean(rows, "compress/peak_cache_tokens_mean", upto) for rows in dense]
+        values = [v for v in values if v is not None]
+        dense_kv = sum(values) / len(values) if values else None
+    lines = [f"over rollouts 1-{upto}", "",
+             "| variant | seeds | " + " | ".join(head) + " | KV / dense | GPU memory GiB |",
+             "|---|---|" + "---|" * (len(head) + 2)]
+    for name, runs in groups.items():
+        cells = []
+        for _, key, reduce, fmt, scale in COST_COLUMNS:
+            values = [run_mean(rows, key, upto, reduce) for rows in runs]
+            cells.append(cell([v for v in values if v is not None], fmt, scale))
+        kv = [run_mean(rows, "compress/peak_cache_tokens_mean", upto) for rows in runs]
+        kv = [v / dense_kv for v in kv if v is not None] if dense_kv else []
+        cells.append(cell(kv, "{:.2f}"))
+        memory = [peak_memory(rows, upto) for rows in runs]
+        cells.append(cell([v for v in memory if v is not None], "{:.2f}"))
+        lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def results_tables(groups: dict[str, list[list[dict]]]) -> str:
+    """Both tables, headed, ready for docs/results.md."""
+    return ("held-out accuracy, % (mean ± std over seeds)\n\n" + heldout_table(groups)
+            + "\n\ncost per variant (each run's mean; mean ± std over seeds)\n\n"
+            + cost_table(groups) + "\n")

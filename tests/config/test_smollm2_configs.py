@@ -1,0 +1,105 @@
+"""The SmolLM2 ablation configs: three twins that differ in `compress` alone, and the
+proportions their comments state, computed here from the settings (prompt tokens with the
+real tokenizer, which is skipped where the model has not been downloaded)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from minisparse.compression import compress_due, max_cache_tokens
+from minisparse.compression.trigger import first_compression_len
+from minisparse.config.load import CONFIGS_DIR, load_config
+from minisparse.data.synthetic import Difficulty, synthetic_problems
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / "checkpoints" / "smollm2-135m-instruct"
+COMPRESSED = ("smollm2_rkv", "smollm2_snapkv")
+# Measured on the base model (docs/results.md, "Choosing the task"): mean and p90 response
+# tokens at the configs' difficulty and temperature.
+RESPONSE_MEAN, RESPONSE_P90 = 142, 234
+PROMPT = 56  # every prompt at this difficulty (checked below with the real tokenizer)
+
+
+def _without(cfg, *sections: str) -> dict:
+    d = dataclasses.asdict(cfg)
+    for s in sections:
+        d.pop(s)
+    return d
+
+
+def test_the_twins_differ_in_compression_alone():
+    dense = load_config("smollm2_dense")
+    for name in COMPRESSED:
+        cfg = load_config(name)
+        assert _without(cfg, "compress", "output_dir") == _without(dense, "compress", "output_dir")
+    assert load_config("smollm2_rkv").compress == dataclasses.replace(
+        load_config("smollm2_snapkv").compress, algorithm="rkv")
+
+
+def test_held_out_evaluation_samples_as_the_rollouts_do():
+    cfg = load_config("smollm2_dense")
+    assert cfg.eval_interval > 0 and cfg.eval.benchmarks == ["arithmetic"]
+    assert (cfg.eval.temperature, cfg.eval.top_p) == (cfg.temperature, cfg.top_p)
+    assert cfg.eval.max_new_tokens == cfg.max_response_len and not cfg.eval.compress
+    held_out = {q for q, _ in synthetic_problems(500, 1234, "heldout",
+                                                 Difficulty.from_config(cfg.data))}
+    assert len(held_out) >= 10
+
+
+def _compressions(cfg, prompt: int, response: int) -> int:
+    """Compressions of one sequence, by the trigger (checked after the prefill and after
+    every decode step but the last)."""
+    cache, since, count = prompt, 0, 0
+    for step in range(response - 1):
+        if step:
+            cache, since = cache + 1, since + 1
+        if bool(compress_due(torch.tensor([cache]), torch.tensor([since]),
+                             torch.tensor([False]), cfg)):
+            count, cache, since = count + 1, cfg.budget, 0
+    return count
+
+
+@pytest.mark.parametrize("name", COMPRESSED)
+def test_compressed_configs_hold_the_stated_proportions(name):
+    cfg = load_config(name)
+    c, text = cfg.compress, (CONFIGS_DIR / f"{name}.yaml").read_text()
+    assert c.window == 8 and not c.keep_prompt
+    assert c.divide_length * 32 == cfg.max_response_len  # the paper's 128 of 4,096
+    peak, dense = max_cache_tokens(c), PROMPT + RESPONSE_MEAN
+    assert peak <= dense / 2
+    assert f"{c.budget} + {c.divide_length} = {peak} KV tokens, {peak / dense:.2f} of dense" \
+        in text
+    assert f"{PROMPT} + {RESPONSE_MEAN} = {dense}" in text
+    into = first_compression_len(c, PROMPT) - 2
+    times = (_compressions(c, PROMPT, RESPONSE_MEAN), _compressions(c, PROMPT, RESPONSE_P90))
+    assert f"first compressed {into} tokens into its response, {times[0]} times in one of " \
+           f"mean length\n# ({times[1]} at p90)" in text
+    assert times[0] >= 5
+    # what the paper's prompt rule would take, and what that costs
+    third = 3 * PROMPT
+    assert c.budget < third
+    assert f"takes a budget of {third} or more, which with {c.divide_length} more is\n# " \
+           f"{(third + c.divide_length) / dense:.2f} of dense's peak" in text
+    kept = max_cache_tokens(dataclasses.replace(c, keep_prompt=True), PROMPT)
+    assert f"{PROMPT} + {c.budget} + {c.divide_length} = {kept} KV tokens" in text
+
+
+@pytest.mark.skipif(not (MODEL / "tokenizer.json").is_file(),
+                    reason="needs checkpoints/smollm2-135m-instruct")
+def test_every_prompt_has_the_stated_length_with_the_real_tokenizer():
+    from transformers import AutoTokenizer
+
+    from minisparse.data.datasets import load_prompts
+    from minisparse.evaluation import prompt_token_ids
+
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    cfg = load_config("smollm2_rkv")
+    rows = load_prompts(dataclasses.replace(cfg.data, synthetic_size=300), tok)
+    assert {len(r.prompt_ids) for r in rows} == {PROMPT}
+    held_out = synthetic_problems(50, 1234, "heldout", Difficulty.from_config(cfg.data))
+    assert {len(prompt_token_ids(tok, q, "user")) for q, _ in held_out} == {PROMPT}
+    assert [r.prompt_ids for r in rows[:1]] == [prompt_token_ids(
+        tok, rows[0].prompt_text.split("$")[1].join(["What is $", "$?"]), "user")]

@@ -1,0 +1,94 @@
+"""scripts/smollm2_ablation.sh without a GPU: its options, the runs it would start
+(--dry-run) and the errors it gives; the runs themselves are train.py's (tests/test_train.py)."""
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "smollm2_ablation.sh"
+
+
+def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **env})
+
+
+def test_help_names_every_option():
+    res = _run("--help")
+    assert res.returncode == 0
+    for option in ("--seeds", "--variants", "--rollouts", "--eval-every", "--train-s",
+                   "--grace-s", "--root", "--kv-gb", "--pack", "--port", "--dry-run"):
+        assert option in res.stdout
+
+
+def test_dry_run_starts_every_seed_of_every_variant_on_its_own_port(tmp_path):
+    res = _run("--dry-run", "--seeds", "1,2", "--variants", "dense rkv_naive rkv_keep_prompt",
+               "--rollouts", "30", "--eval-every", "5", "--root", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 6
+    ports = [line.split()[1] for line in lines]
+    assert ports == [f"MASTER_PORT={29600 + i}" for i in range(6)]
+    names = [line.split("output_dir=")[1].split()[0] for line in lines]
+    assert names == [f"{tmp_path}/{v}_seed{s}" for s in (1, 2)
+                     for v in ("dense", "rkv_naive", "rkv_keep_prompt")]
+    for line in lines:
+        assert "--set num_rollout=30 --set eval_interval=5 --set save_interval=5" in line
+        assert "--set engine.kv_memory_gb=2 " in line
+    assert "--config smollm2_dense" in lines[0] and "seed=1" in lines[0]
+    assert "--config smollm2_rkv --set loss.use_tis=false" in lines[1]
+    assert "--config smollm2_rkv --set compress.keep_prompt=true" in lines[2]
+    assert "seed=2" in lines[5]
+
+
+def test_environment_sets_what_flags_set(tmp_path):
+    res = _run("--dry-run", "--root", str(tmp_path), SEEDS="7", VARIANTS="snapkv",
+               EXTRA="--set optim.lr=2e-5")
+    assert res.returncode == 0, res.stderr
+    [line] = res.stdout.splitlines()
+    assert "--config smollm2_snapkv" in line and "seed=7" in line
+    assert line.endswith("--set optim.lr=2e-5")
+
+
+def test_bad_options_exit_2_naming_them(tmp_path):
+    res = _run("--dry-run", "--variants", "dense h2o", "--root", str(tmp_path))
+    assert res.returncode == 2 and "unknown variant 'h2o'" in res.stderr
+    res = _run("--dry-run", "--rollouts", "ten", "--root", str(tmp_path))
+    assert res.returncode == 2 and "'ten' is not a whole number" in res.stderr
+    res = _run("--seed", "1")
+    assert res.returncode == 2 and "unknown option --seed" in res.stderr
+
+
+def test_runs_score_themselves_and_a_second_command_skips_the_finished(tmp_path, tiny_path):
+    """Two tiny runs side by side (the SmolLM2 configs made small), evaluated every
+    rollout; the tables come from their metrics, the pack holds them; the same command
+    again starts nothing."""
+    small = ["model.dtype=float32", "max_response_len=24", "eval.max_new_tokens=24",
+             "eval.limit=2", "rollout_batch_size=2", "n_samples_per_prompt=2",
+             "global_batch_size=4", "num_steps_per_rollout=1", "compress.budget=16",
+             "compress.divide_length=8", "data.synthetic_size=16", "eval.prompt_template=boxed",
+             "data.apply_chat_template=false", "engine.kv_cpu_memory_gb=0.1",
+             "log.tensorboard=false"]
+    env = {"BASE": str(tiny_path), "EXTRA": " ".join(f"--set {s}" for s in small),
+           "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)),
+           "MINISPARSE_CACHE": os.environ["MINISPARSE_CACHE"]}
+    args = ["--seeds", "1", "--variants", "dense,rkv_keep_prompt", "--rollouts", "2",
+            "--eval-every", "1", "--root", str(tmp_path / "abl"), "--pack",
+            str(tmp_path / "abl.tgz")]
+    res = subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    for name in ("dense_seed1", "rkv_keep_prompt_seed1"):
+        assert f"{name}: exit 0 after rollout 2 of 2" in res.stdout
+    assert "| dense | 1 | 0.0 | 0.0 |" in res.stdout  # the tiny model earns nothing
+    assert "| rkv_keep_prompt | 1 |" in res.stdout
+    assert (tmp_path / "abl" / "ablation.png").is_file()
+    assert "over rollouts 1-2" in (tmp_path / "abl" / "results.md").read_text()
+    packed = tarfile.open(tmp_path / "abl.tgz").getnames()
+    assert any(n.endswith("dense_seed1/metrics.jsonl") for n in packed)
+    assert not any("/checkpoints/" in n for n in packed)
+    again = subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, capture_output=True,
+                           text=True, timeout=600, env=env)
+    assert "dense_seed1: finished (2 rollouts)" in again.stdout
+    assert "exit" not in again.stdout
