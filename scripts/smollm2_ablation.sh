@@ -4,7 +4,8 @@
 #
 # Every (variant, seed) run is its own train.py process with its own MASTER_PORT and
 # output dir ROOT/VARIANT_seedN, all started together and spread over the machine's GPUs
-# (a 135M model leaves a GPU mostly idle: 12 runs share one 80 GB H100). Each trains to
+# (a 135M model leaves a GPU mostly idle: 12 runs share one 80 GB H100 at KV_GB=1, 5-6.5
+# GB each; 14 ran out of memory now and then). Each trains to
 # ROLLOUTS rollouts, so every run ends at the same rollout whatever its speed, and scores
 # itself on 200 held-out problems (dense cache, the same for every variant) every
 # EVAL_EVERY rollouts: metrics.jsonl's eval/* rows are the results, no scoring phase.
@@ -25,12 +26,12 @@
 # Options (or the environment variable in capitals; default in brackets):
 #   --seeds LIST       SEEDS       seeds, space- or comma-separated ["1 2 3"]
 #   --variants LIST    VARIANTS    ["dense rkv_naive rkv snapkv"]
-#   --rollouts N       ROLLOUTS    rollouts of every run [30]
+#   --rollouts N       ROLLOUTS    rollouts of every run [50]
 #   --eval-every N     EVAL_EVERY  held-out evaluation every N rollouts [10]
 #   --train-s S        TRAIN_S     seconds each run trains in this command [450]
 #   --grace-s S        GRACE_S     after TRAIN_S, seconds to finish the rollout and save [90]
 #   --root DIR         ROOT        where the runs go [outputs/ablation]
-#   --kv-gb G          KV_GB       each run's rollout KV pool in GiB [2]
+#   --kv-gb G          KV_GB       each run's rollout KV pool in GiB [1]
 #   --pack FILE        PACK        on exit, a .tgz of ROOT without checkpoints and TensorBoard
 #   --port N           PORT        first MASTER_PORT; run i takes PORT + i [29600]
 #   --dry-run                      print each run's command and exit
@@ -41,12 +42,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-1 2 3}
 VARIANTS=${VARIANTS:-dense rkv_naive rkv snapkv}
-ROLLOUTS=${ROLLOUTS:-30}
+ROLLOUTS=${ROLLOUTS:-50}
 EVAL_EVERY=${EVAL_EVERY:-10}
 TRAIN_S=${TRAIN_S:-450}
 GRACE_S=${GRACE_S:-90}
 ROOT=${ROOT:-outputs/ablation}
-KV_GB=${KV_GB:-2}
+KV_GB=${KV_GB:-1}
 PACK=${PACK:-}
 PORT=${PORT:-29600}
 BASE=${BASE:-checkpoints/smollm2-135m-instruct}

@@ -35,7 +35,7 @@ def test_dry_run_starts_every_seed_of_every_variant_on_its_own_port(tmp_path):
                      for v in ("dense", "rkv_naive", "rkv_keep_prompt")]
     for line in lines:
         assert "--set num_rollout=30 --set eval_interval=5 --set save_interval=5" in line
-        assert "--set engine.kv_memory_gb=2 " in line
+        assert "--set engine.kv_memory_gb=1 " in line
     assert "--config smollm2_dense" in lines[0] and "seed=1" in lines[0]
     assert "--config smollm2_rkv --set loss.use_tis=false" in lines[1]
     assert "--config smollm2_rkv --set compress.keep_prompt=true" in lines[2]
