@@ -1,12 +1,14 @@
 """Library chatter kept out of a run's output unless asked for (log.verbose): DeepSpeed's
 accelerator and op-build lines, transformers' weight loading and shard writing bars and
-its tokenizer warnings. They say nothing about the run, break the rollout progress bar,
+its tokenizer warnings, Liger Kernel's notes on optional backends it could not import
+(CuTe DSL, Ascend: it runs its Triton kernels without them). They say nothing about the run, break the rollout progress bar,
 and fill a log file with carriage-return bars. Errors still show.
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -23,6 +25,7 @@ def quiet_libraries(verbose: bool) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("liger_kernel").setLevel(logging.ERROR)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,24 @@ def test_quiet_hides_transformers_bars_and_warnings(monkeypatch):
         (logging.enable_progress_bar if before[1] else logging.disable_progress_bar)()
 
 
+def test_quiet_hides_liger_backend_notes():
+    """Liger logs a warning per optional backend it cannot import (on every GPU run)."""
+    import logging as std_logging
+
+    liger = std_logging.getLogger("liger_kernel")
+    notes = std_logging.getLogger("liger_kernel.backends.registry")
+    before = liger.level
+    try:
+        liger.setLevel(std_logging.NOTSET)
+        quiet_libraries(verbose=True)
+        assert notes.isEnabledFor(std_logging.WARNING)
+        quiet_libraries(verbose=False)
+        assert not notes.isEnabledFor(std_logging.WARNING)
+        assert notes.isEnabledFor(std_logging.ERROR)
+    finally:
+        liger.setLevel(before)
+
+
 def test_hidden_prints(capsys):
     with hidden_prints(verbose=False):
         print("DeepSpeed op built successfully")
