@@ -377,8 +377,8 @@ def train(run: Run, sigterm: StopOnSignal) -> int | None:
         run.logger.log(rollout, metrics)
         if dist.rank() == 0:
             bar.write(summary_line(rollout, metrics, cfg.num_rollout))
-            if rollout == run.start_rollout + 1 and comparison_line(metrics):
-                bar.write(comparison_line(metrics))
+            if rollout == run.start_rollout + 1 and (line := comparison_line(metrics)):
+                bar.write(line)
         stop = run.nonfinite_steps >= max(1, cfg.max_nonfinite_steps)
         signalled = sigterm.requested()
         if cfg.save_interval and (

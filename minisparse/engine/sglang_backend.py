@@ -24,11 +24,12 @@ import torch
 from torch import nn
 
 from minisparse.config.schema import CompressConfig, ConfigError, EngineConfig
-from minisparse.engine.bench.bound import head_dim, kv_bytes_per_token
+from minisparse.engine.bench.bound import kv_bytes_per_token
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for
 from minisparse.engine.sequence import GenerateStats, SampleOutput
+from minisparse.models.loading import attention_heads
 
 BUCKET_BYTES = 512 * 2**20  # weights go over in flattened buckets of about this size
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -267,4 +268,4 @@ class SGLangBackend:
 def attention_backend(config: Any) -> str:
     """fa3 (FlashAttention 3, the fastest on Hopper) for the real models' head sizes;
     triton for the tiny test model's 16-wide heads, which FA3 has no kernel for."""
-    return "fa3" if head_dim(config) in (64, 128, 256) else "triton"
+    return "fa3" if attention_heads(config)[2] in (64, 128, 256) else "triton"

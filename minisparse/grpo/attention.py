@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minisparse.config.schema import Attention, ConfigError, choices
+from minisparse.models.loading import attention_heads
 
 NAME = "minisparse_varlen"  # torch's varlen kernel
 # flash-attn-4's (no "flash" in the name: transformers takes such a name for its own kernels)
@@ -161,13 +162,6 @@ def _flash_installed() -> bool:
         return False
 
 
-def _heads(config) -> tuple[int, int, int]:
-    """(query heads, KV heads, head dim) of an HF decoder config."""
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return heads, getattr(config, "num_key_value_heads", None) or heads, head_dim
-
-
 def flash_attn_missing(model: torch.nn.Module) -> str | None:
     """Why flash-attn-4 cannot run this model's training passes where its weights are;
     None when nothing is known to stop it (its first call is checked apart)."""
@@ -184,7 +178,7 @@ def flash_attn_missing(model: torch.nn.Module) -> str | None:
     if param.dtype not in (torch.bfloat16, torch.float16):
         dtype = str(param.dtype).removeprefix("torch.")
         return f"model.dtype is {dtype}; flash-attn-4 runs bfloat16 or float16"
-    head_dim = _heads(model.config)[2]
+    head_dim = attention_heads(model.config)[2]
     generation, largest = FLASH_GPUS[major]
     if head_dim % 8 or not 8 <= head_dim <= largest:
         return (f"head dim {head_dim} is not one flash-attn-4 takes on {generation} "
@@ -230,7 +224,7 @@ def resolve_attention(model: torch.nn.Module, kind: Attention) -> tuple[str, str
     why = None
     if kind in ("auto", "flash_attn"):
         why = flash_attn_missing(model) or _flash_first_call(
-            *_heads(model.config), param.dtype, param.device)
+            *attention_heads(model.config), param.dtype, param.device)
         if why is None:
             return "flash_attn", f"flash-attn-4 varlen attention (model.attention={kind})"
         if kind == "flash_attn":

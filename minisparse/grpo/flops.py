@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from minisparse.models.loading import attention_heads
+
 # Dense bf16 tensor-core peak per GPU, TFLOP/s, from the vendors' datasheets (SXM parts,
 # without sparsity). MFU is quoted against these unless log.peak_tflops says otherwise;
 # the lent H200 reached ~790 TFLOP/s on large bf16 GEMMs (docs/benchmarks.md).
@@ -49,13 +51,12 @@ def flop_shape(model: nn.Module) -> FlopShape:
     body = sum(
         m.weight.numel() for m in model.model.layers.modules() if isinstance(m, nn.Linear)
     )
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    heads, _, head_dim = attention_heads(model.config)
     return FlopShape(
         body_params=body,
         head_params=model.lm_head.weight.numel(),
-        layers=cfg.num_hidden_layers,
-        q_heads=cfg.num_attention_heads,
+        layers=model.config.num_hidden_layers,
+        q_heads=heads,
         head_dim=head_dim,
     )
 

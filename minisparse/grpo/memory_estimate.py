@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from minisparse.config.schema import Config
+from minisparse.models.loading import attention_heads
 
 GIB = 1024**3
 BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size (gradient elements)
@@ -84,12 +85,11 @@ def shape_of(config) -> ModelShape:
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    heads, kv_heads, head_dim = attention_heads(config)
     return ModelShape(
-        hidden=config.hidden_size, layers=config.num_hidden_layers,
-        heads=config.num_attention_heads,
-        kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-        head_dim=head_dim, intermediate=config.intermediate_size, vocab=config.vocab_size,
+        hidden=config.hidden_size, layers=config.num_hidden_layers, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, intermediate=config.intermediate_size,
+        vocab=config.vocab_size,
         params=sum(p.numel() for p in model.parameters()))
 
 
@@ -110,6 +110,12 @@ class Setup:
     kv_memory: int  # engine.kv_memory_gb in bytes; 0: a fraction of the free memory
     kv_fraction: float
     max_num_seqs: int
+
+    @property
+    def worst_tokens(self) -> int:
+        """Tokens of the largest micro-batch at max_tokens_per_gpu: a longer sequence is
+        a micro-batch of its own."""
+        return max(self.max_tokens, self.longest)
 
 
 def setup_of(cfg: Config, shape: ModelShape, world: int, liger: bool) -> Setup:

@@ -188,7 +188,7 @@ def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
     setting and what would fit) when the fixed settings cannot fit."""
     plan = MemoryPlan(False, False, s.max_tokens, s.max_tokens, s, capacity, device)
     usable = plan.usable
-    worst = max(s.max_tokens, s.longest)
+    worst = s.worst_tokens
     need = rollout_peak(s, capacity)
     if s.kv_memory and need > usable:  # (a share of the free memory always fits)
         raise ConfigError(
@@ -214,7 +214,7 @@ def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
 
 def _logprob_budget(cfg: Config, s: Setup, usable: int) -> int:
     """max_tokens_per_gpu, or the largest budget whose log-prob passes fit."""
-    if logprob_peak(s, max(s.max_tokens, s.longest)) <= usable:
+    if logprob_peak(s, s.worst_tokens) <= usable:
         return s.max_tokens
     fits = lambda n: logprob_peak(s, n) <= usable  # noqa: E731
     n = _largest(fits, s.longest, s.max_tokens)
@@ -230,7 +230,7 @@ def _logprob_budget(cfg: Config, s: Setup, usable: int) -> int:
 def _update_error(cfg: Config, s: Setup, usable: int, capacity: int) -> str:
     """One line: the setting that keeps the update from fitting, and what would fit."""
     options = _options(cfg)
-    worst = max(s.max_tokens, s.longest)
+    worst = s.worst_tokens
     need = _size(_best(s, worst, options))
     where = (f"the update needs ~{need} of the {_size(usable)} planned for "
              f"({_size(capacity)} GPU, {HEADROOM:.0%} kept free) at "

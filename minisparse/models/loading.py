@@ -125,6 +125,14 @@ def check_model_path(path: str) -> Path | None:
     return Path(path)
 
 
+def attention_heads(config: Any) -> tuple[int, int, int]:
+    """(query heads, KV heads, head dim) of an HF decoder config: head_dim and
+    num_key_value_heads are optional there (hidden / heads and one KV head per query head)."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, getattr(config, "num_key_value_heads", None) or heads, head_dim
+
+
 def model_config(path: str):
     """The transformers config of model.path ("tiny", a SHAPES name or a local HF
     directory), without its weights: the memory plan reads the shape from it."""

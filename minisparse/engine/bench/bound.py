@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from minisparse.engine.sequence import GenerateStats
+from minisparse.models.loading import attention_heads
 
 
 def weight_bytes_per_step(model: nn.Module) -> int:
@@ -44,15 +45,10 @@ def weight_bytes_per_step(model: nn.Module) -> int:
     return total
 
 
-def head_dim(config: Any) -> int:
-    """Per-head width of an HF config (explicit head_dim, else hidden / query heads)."""
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
     """K and V bytes one cached token holds over all layers of an HF config's model."""
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * head_dim(config) * dtype.itemsize
+    _, kv_heads, head_dim = attention_heads(config)
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
 
 
 def copy_bandwidth(device: torch.device | str, gib: float = 2.0, repeats: int = 20) -> float:
