@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     check_prompt_template(tokenizer, eval_cfg.prompt_template)
     engine = make_backend(cfg, model, tokenizer, device)
-    summary = evaluate(engine, tokenizer, eval_cfg, args.output, settings=run_settings(cfg, eval_cfg.benchmarks),
+    settings = run_settings(cfg, eval_cfg.benchmarks)
+    summary = evaluate(engine, tokenizer, eval_cfg, args.output, settings=settings,
                        seed=cfg.seed, overwrite=args.overwrite, progress=args.progress,
                        problems=problems, reward_workers=cfg.reward.workers)
     print(format_table(summary))
