@@ -132,8 +132,8 @@ def test_qwen3b_sizes_by_hand(qwen3b):
     # 4,247-token sequence measured 64.05 on an H100): fits, checkpointing stays off.
     (4096, 4096, False, 64.1),
     # 8k: one 8,352-token sequence is a micro-batch of its own although max_tokens_per_gpu
-    # is 8,192: 25.68 GiB of activations, 74.89 GiB in all (74.43 measured; the run in the
-    # issue ran out of memory there): checkpointing on.
+    # is 8,192: 25.68 GiB of activations, 74.89 GiB in all (74.43 measured; qwen3b_rkv at 8k with
+    # checkpointing off ran out of memory there): checkpointing on.
     (8192, 8192, True, 74.9),
     # 16k: 16,544 tokens, 50.88 GiB of activations alone: 100.1 GiB without checkpointing.
     (16384, 8192, True, 100.1),
