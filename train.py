@@ -82,6 +82,7 @@ from minisparse.grpo.report import (config_menu, end_report, finished_message,
                                     no_config_message, start_report, stop_report)
 from minisparse.grpo.stop import StopOnSignal
 from minisparse.grpo.update import train_on_rollout
+from minisparse.models.checkpointing import checkpoint_layers
 from minisparse.models.liger import use_liger_kernel
 from minisparse.models.loading import load_policy
 from minisparse.quiet import quiet_libraries
@@ -130,9 +131,16 @@ def parse_args() -> tuple[Config, argparse.Namespace]:
     return config_from_args(args, checks=[check_compression_reach]), args
 
 
+# Growable allocator segments: the phases hand GPU memory back and forth (KV pool, optimizer
+# state, activations of changing micro-batches), and fixed-size segments left ~6 GiB
+# reserved but unusable at an update's peak. Set before CUDA starts; a user's value wins.
+ALLOCATOR = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
 def setup(cfg: Config, resume_required: bool) -> Run:
     """Process group, pre-flight checks, memory plan, policy (+ reference), DeepSpeed,
     data, engine, resume, logger."""
+    os.environ.setdefault(*ALLOCATOR)
     device = dist.init_distributed()
     checked = check_run(cfg, dist.world_size(), resume_required)  # before any model loads
     plan = plan_memory(cfg, device, dist.world_size())  # also before: exits 2 if it cannot fit
@@ -150,7 +158,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     if dist.rank() == 0:
         print(f"training passes: {attention}, {kernels}", flush=True)
     if plan.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+        checkpoint_layers(policy, plan.checkpointed_layers)
     ref_model = None
     if cfg.loss.kl_coef > 0:  # a frozen copy on the CPU; no reference model otherwise
         ref_model = copy.deepcopy(policy).to("cpu").eval().requires_grad_(False)
@@ -180,7 +188,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     logger.drop_after(start)
     # The engine's KV pool is sized from the memory free once the optimizer is off the GPU.
     offload = TrainingStateOffload(train_engine)
-    free_training_memory(offload, device)
+    free_training_memory(offload, device, plan.keep_state)
     with rollout_weights(train_engine):
         llm = make_backend(cfg, train_engine.module, tokenizer, device)
     return Run(
@@ -301,7 +309,9 @@ def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, floa
 
 def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
     """Benchmarks of cfg.eval with the current weights, each split over all ranks; with a
-    dense cache unless eval.compress."""
+    dense cache unless eval.compress. The training state leaves the GPU for it even where
+    the plan keeps it there for rollouts, so the pool (sized now) gets all the room; the
+    next swap to training brings it back."""
     rollout_memory(run.offload, run.llm, run.device)
     cache = nullcontext() if run.cfg.eval.compress else run.llm.dense()
     with rollout_weights(run.train_engine), cache:
@@ -354,7 +364,7 @@ def train(run: Run, sigterm: StopOnSignal) -> int | None:
         steps_done = run.train_engine.global_steps
         started = time.perf_counter()
         with phase("swap_to_rollout", metrics, run.device):
-            rollout_memory(run.offload, run.llm, run.device)
+            rollout_memory(run.offload, run.llm, run.device, run.plan.keep_state)
         with phase("rollout", metrics, run.device):
             batch = rollout_phase(run, rollout, metrics)
         with phase("reward", metrics, run.device):

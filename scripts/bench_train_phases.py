@@ -7,13 +7,14 @@ One DeepSpeed engine (the config's ZeRO stage, AdamW, bf16) and one reference mo
 synthetic rollout batch shaped like a random-weight rollout (every response runs to
 --response-len), then train.py's own `logprob_phase` and `update_phase` (with `phase`
 timing and memory, and `perf_metrics`) for each variant, each run --repeats times on
-the same batch. Variants set model.attention, model.logprob_chunk, max_tokens_per_gpu
-and gradient checkpointing; `after` is train.py's defaults (attention auto: flash-attn-4
-where it runs, else torch's varlen kernel; each row names the one that ran), and
-`torch_varlen` / `flash_attn` the same with that attention asked for by name
-(`--variants torch_varlen,flash_attn` compares the two; flash_attn stops with the reason
-where it cannot run). Before any update, the old log-probs of the first variant and
-each other one are compared on the same weights (relative L2 over response tokens).
+the same batch. A variant sets the training attention (model.attention), the update's
+micro-batch budget (max_tokens_per_gpu), gradient checkpointing ("plan": what the memory
+plan chooses on this GPU for that budget, "all" or "none") and the LM head's softmax
+work: "kernels" (train.py's Triton kernels) or "torch" (the PyTorch ops, the CPU path).
+`default` is train.py as it runs
+(attention auto: flash-attn-4 where it runs, else torch's varlen kernel; each row names
+the one that ran). Before any update, the old log-probs of the first variant and each
+other one are compared on the same weights (relative L2 over response tokens).
 The rollout, reward and swap phases are left out: no engine is built.
 """
 
@@ -26,6 +27,7 @@ import json
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 
 import torch
 
@@ -38,22 +40,33 @@ from minisparse.grpo.attention import use_attention  # noqa: E402
 from minisparse.grpo.flops import flop_shape, peak_flops  # noqa: E402
 from minisparse.grpo.logprobs import batch_logprobs  # noqa: E402
 from minisparse.grpo.memory import phase  # noqa: E402
-from minisparse.grpo.memory_plan import not_planned  # noqa: E402
+from minisparse.grpo import fused_logprobs  # noqa: E402
+from minisparse.grpo.memory_plan import not_planned, plan_memory  # noqa: E402
 from minisparse.grpo.optim import TrainingStateOffload, build_train_engine  # noqa: E402
 from minisparse.grpo.rollout import RolloutBatch  # noqa: E402
+from minisparse.models.checkpointing import checkpoint_layers, checkpointed_count  # noqa: E402
 from minisparse.models.liger import use_liger_kernel  # noqa: E402
 from minisparse.models.loading import load_policy  # noqa: E402
 
-# name: (attention, logprob_chunk, max_tokens_per_gpu, gradient_checkpointing)
+@dataclass(frozen=True)
+class Variant:
+    attention: str = "auto"
+    max_tokens: int = 8192  # the update's micro-batch budget (max_tokens_per_gpu)
+    checkpointing: str = "plan"  # "plan" (the memory plan's layers), "all" or "none"
+    head: str = "kernels"  # "kernels" or "torch": the fused LM head's softmax work
+
+
 VARIANTS = {
-    "before": ("sdpa", 0, 4096, True),
-    "varlen": ("varlen", 0, 4096, True),
-    "after": ("auto", 1024, 16384, True),
-    "after_nockpt": ("auto", 1024, 8192, False),
-    "torch_varlen": ("varlen", 1024, 16384, True),
-    "flash_attn": ("flash_attn", 1024, 16384, True),
+    "default": Variant(),
+    "default_16k": Variant(max_tokens=16384),
+    # the trainer before the head kernels and the planned checkpointing
+    "before": Variant(max_tokens=16384, checkpointing="all", head="torch"),
+    "kernels_all": Variant(max_tokens=16384, checkpointing="all"),
+    "no_ckpt": Variant(checkpointing="none"),
+    "torch_varlen": Variant(attention="varlen"),
+    "flash_attn": Variant(attention="flash_attn"),
 }
-DEFAULT_VARIANTS = "before,varlen,after,after_nockpt"  # those that run on any GPU
+DEFAULT_VARIANTS = "before,default"
 
 
 def synthetic_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed: int) -> RolloutBatch:
@@ -78,22 +91,25 @@ def synthetic_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed
 
 
 def apply_variant(run: train.Run, name: str) -> str:
-    """Set the variant up; returns the attention it runs (use_attention's words)."""
-    attention, chunk, max_tokens, ckpt = VARIANTS[name]
+    """Set the variant up; returns the attention it runs (use_attention's words) and the
+    layers checkpointed."""
+    v = VARIANTS[name]
     cfg = run.cfg
-    cfg.model = dataclasses.replace(cfg.model, attention=attention, logprob_chunk=chunk,
-                                    gradient_checkpointing=str(ckpt).lower())
-    cfg.max_tokens_per_gpu = max_tokens
-    run.plan = not_planned(cfg)  # the variant's settings as given
     module = run.train_engine.module
-    words = use_attention(module, attention)
+    cfg.max_tokens_per_gpu = v.max_tokens
+    cfg.model = dataclasses.replace(cfg.model, attention=v.attention, gradient_checkpointing="auto")
+    run.plan = plan_memory(cfg, run.device, dist.world_size())
+    if run.plan.setup is None:  # no GPU: the variant's settings as given
+        run.plan = not_planned(cfg)
+    layers = {"plan": run.plan.checkpointed_layers if run.plan.gradient_checkpointing else 0,
+              "all": None, "none": 0}[v.checkpointing]
+    run.plan.logprob_tokens = run.plan.update_tokens = v.max_tokens
+    words = use_attention(module, v.attention)
     if run.ref_model is not None:  # kept on the CPU: it takes the policy's choice as is
         run.ref_model.set_attn_implementation(module.config._attn_implementation)
-    if ckpt:
-        module.gradient_checkpointing_enable()
-    else:
-        module.gradient_checkpointing_disable()
-    return words
+    checkpoint_layers(module, layers)
+    fused_logprobs.KERNELS = KERNELS if v.head == "kernels" else None
+    return f"{words}; {checkpointed_count(module)} layers checkpointed"
 
 
 def compare_logprobs(run: train.Run, batch: RolloutBatch, names: list[str], n: int) -> dict:
@@ -110,6 +126,9 @@ def compare_logprobs(run: train.Run, batch: RolloutBatch, names: list[str], n: i
             ref = logp
         out[name] = ((logp - ref).norm() / ref.norm()).item()
     return out
+
+
+KERNELS = fused_logprobs.KERNELS
 
 
 def run_variant(run: train.Run, batch: RolloutBatch, name: str) -> dict:
@@ -154,6 +173,7 @@ def main() -> None:
                         help="then profile one log-prob and one update phase of the last "
                              "variant and print the ROWS kernels that took most GPU time")
     args = parser.parse_args()
+    os.environ.setdefault(*train.ALLOCATOR)
     cfg = config_from_args(args)
     names = args.variants.split(",")
     run = build(cfg)
@@ -177,7 +197,8 @@ def main() -> None:
                 m = {"error": 1.0}
                 torch.cuda.empty_cache() if run.device.type == "cuda" else None
             results["runs"].append({"variant": name, "repeat": rep, **m})
-            print(json.dumps({"variant": name, "repeat": rep, **m}), flush=True)
+            print(name, rep, m.get("attention", ""), {k: round(v, 3) for k, v in m.items()
+                  if k.startswith(("time/", "perf/", "mem/update", "mem/logprobs"))}, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -206,13 +227,13 @@ def profile_phases(run: train.Run, batch: RolloutBatch, name: str, rows: int) ->
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ("time/logprobs_s", "perf/logprobs_tflops", "perf/logprobs_mfu", "mem/logprobs_peak_gib",
-            "time/update_s", "perf/update_tflops", "perf/update_mfu", "mem/update_peak_gib",
-            "train/micro_batches")
-    print(f"{'variant':14s} {'rep':>3s} " + " ".join(f"{c.split('/')[1][:16]:>16s}" for c in cols))
+    cols = ("time/logprobs_s", "perf/logprobs_mfu", "mem/logprobs_peak_gib", "time/update_s",
+            "perf/update_mfu", "perf/update_fwd_bwd_mfu", "time/optimizer_step_s",
+            "mem/update_peak_gib", "train/micro_batches")
+    print(f"{'variant':13s} {'rep':>3s} " + " ".join(f"{c.split('/')[1][:11]:>11s}" for c in cols))
     for r in rows:
-        vals = " ".join(f"{r.get(c, float('nan')):16.3f}" for c in cols)
-        print(f"{r['variant']:14s} {r['repeat']:3d} {vals}")
+        vals = " ".join(f"{r.get(c, float('nan')):11.3f}" for c in cols)
+        print(f"{r['variant']:13s} {r['repeat']:3d} {vals}")
 
 
 if __name__ == "__main__":

@@ -81,8 +81,9 @@ class ModelConfig:
     # local HF checkpoint directory, or a shape name (qwen2.5-3b, ...) for random weights.
     path: str = "tiny"
     dtype: Dtype = "bfloat16"
-    # Recompute each decoder layer's activations in the backward (HF's checkpointing):
-    # auto turns it on only where the memory plan finds the update does not fit without.
+    # Recompute decoder layers' activations in the backward (HF's checkpointing): auto
+    # checkpoints the fewest layers with which the memory plan finds the update fits (none
+    # where it fits without); true every layer; false none.
     gradient_checkpointing: AutoBool = "auto"
     # Training-pass attention over packed rows, no mask: flash_attn: flash-attn-4's varlen
     # kernel (Hopper/Blackwell GPU, optional install; fails at start where it cannot run);

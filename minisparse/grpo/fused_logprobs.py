@@ -9,12 +9,17 @@ one chunk's logits, whatever the micro-batch size, for one more LM-head GEMM per
 in the backward (2·T·H·V FLOPs, ~6% of a 3B model's update).
 
 Numerics follow the unfused path: logits in the weight dtype, then float32 for the
-division by temperature, log-sum-exp and softmax.
+division by temperature, log-sum-exp and softmax. On CUDA that per-row work runs as two
+Triton kernels (fused_logprobs_triton.py), one read of the chunk's logits each, and the
+weight gradient is summed in float32 by the GEMM itself; the PyTorch ops below are the
+CPU path and the reference the kernels are tested against.
 """
 
 from __future__ import annotations
 
 import torch
+
+from minisparse.kernels import triton_module
 
 
 def _chunk_stats(
@@ -58,51 +63,87 @@ def _logits_grad(
     return grad_z
 
 
+KERNELS = "minisparse.grpo.fused_logprobs_triton"  # the CUDA path (a Triton kernel module)
+
+
+def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, for a float32 acc and low-precision a, b: on CUDA the GEMM adds into
+    acc itself (float32 out of bf16 operands) instead of going through a bf16 product."""
+    if acc.is_cuda and acc.dtype == torch.float32 and a.dtype in (torch.bfloat16, torch.float16):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc += (a @ b).to(acc.dtype)
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
+    """hidden @ weight.T, into buf's first rows when given (one allocation for all chunks)."""
+    if buf is None:
+        return hidden @ weight.t()
+    return torch.mm(hidden, weight.t(), out=buf[: hidden.shape[0]])
+
+
 class ChunkedLogprobs(torch.autograd.Function):
-    """(log-probs [T], entropy [T]) of targets under softmax(hidden @ weight.T / temperature)."""
+    """(log-probs [T], entropy [T]) of targets under softmax(hidden @ weight.T / temperature).
+    kernels: the Triton module (fused_logprobs_triton) for the per-row softmax work, or
+    None for the PyTorch path."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, with_entropy: bool):
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int,
+                with_entropy: bool, kernels=None):
         n = hidden.shape[0]
-        dtype = torch.promote_types(hidden.dtype, torch.float32)  # float64 stays (tests)
+        dtype = torch.float32 if kernels else torch.promote_types(hidden.dtype, torch.float32)
+        lse = torch.empty(n, dtype=dtype, device=hidden.device)
         logp = torch.empty(n, dtype=dtype, device=hidden.device)
         ent = torch.empty(n if with_entropy else 0, dtype=dtype, device=hidden.device)
+        buf = hidden.new_empty(min(chunk, n), weight.shape[0]) if kernels and n else None
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            logits, lse, logp[s:e] = _chunk_stats(hidden[s:e], weight, targets[s:e], temperature)
+            if kernels:
+                logits = _chunk_logits(hidden[s:e], weight, buf)
+                lse[s:e], logp[s:e], h = kernels.row_stats(logits, targets[s:e], temperature,
+                                                           with_entropy)
+            else:
+                logits, lse[s:e], logp[s:e] = _chunk_stats(hidden[s:e], weight, targets[s:e],
+                                                           temperature)
+                h = entropy_from(logits, lse[s:e]) if with_entropy else None
             if with_entropy:
-                ent[s:e] = entropy_from(logits, lse)
-        ctx.save_for_backward(hidden, weight, targets)
-        ctx.temperature, ctx.chunk = temperature, chunk
+                ent[s:e] = h
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
+        ctx.temperature, ctx.chunk, ctx.kernels = temperature, chunk, kernels
         ctx.set_materialize_grads(False)  # an unused output (entropy) costs nothing
         return logp, ent
 
     @staticmethod
     def backward(ctx, grad_logp, grad_ent):
-        hidden, weight, targets = ctx.saved_tensors
-        temperature, chunk = ctx.temperature, ctx.chunk
+        hidden, weight, targets, lse, ent = ctx.saved_tensors
+        temperature, chunk, kernels = ctx.temperature, ctx.chunk, ctx.kernels
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = None
         if need_w:
             grad_w = torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, torch.float32))
         n = hidden.shape[0]
+        buf = hidden.new_empty(min(chunk, n), weight.shape[0]) if kernels and n else None
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            grad_z = _logits_grad(
-                *_chunk_stats(hidden[s:e], weight, targets[s:e], temperature)[:2],
-                targets[s:e],
-                None if grad_logp is None else grad_logp[s:e],
-                None if grad_ent is None else grad_ent[s:e],
-            )
-            if temperature != 1.0:
-                grad_z /= temperature
-            grad_z = grad_z.to(weight.dtype)
+            g_logp = None if grad_logp is None else grad_logp[s:e]
+            g_ent = None if grad_ent is None else grad_ent[s:e]
+            if kernels:
+                grad_z = kernels.row_grad_(_chunk_logits(hidden[s:e], weight, buf), targets[s:e],
+                                           lse[s:e], ent[s:e] if g_ent is not None else None,
+                                           g_logp, g_ent, temperature)
+            else:
+                logits = _chunk_stats(hidden[s:e], weight, targets[s:e], temperature)[0]
+                grad_z = _logits_grad(logits, lse[s:e], targets[s:e], g_logp, g_ent)
+                if temperature != 1.0:
+                    grad_z /= temperature
+                grad_z = grad_z.to(weight.dtype)
             if need_h:
-                grad_h[s:e] = grad_z @ weight
+                torch.mm(grad_z, weight, out=grad_h[s:e])
             if need_w:
-                grad_w += grad_z.t() @ hidden[s:e]
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+                _accumulate(grad_w, grad_z.t(), hidden[s:e])
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None, None, None, None, None)
 
 
 def fused_logprobs(
@@ -122,7 +163,8 @@ def fused_logprobs(
             f"hidden [T, H] and weight [V, H] expected, got {tuple(hidden.shape)} and "
             f"{tuple(weight.shape)}"
         )
+    kernels = triton_module(KERNELS, hidden) if KERNELS else None
     logp, ent = ChunkedLogprobs.apply(
-        hidden, weight, targets, float(temperature), int(chunk), bool(with_entropy)
+        hidden, weight, targets, float(temperature), int(chunk), bool(with_entropy), kernels
     )
     return logp, ent if with_entropy else None

@@ -90,19 +90,6 @@ def _can_fuse(lm_head: nn.Module) -> bool:
     return getattr(lm_head, "bias", None) is None and not hasattr(lm_head.weight, "ds_id")
 
 
-def _liger_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    """Log-probs through Liger Kernel's fused linear cross-entropy: one Triton pass per
-    chunk of logits instead of our float32 copy, max, exp and sum passes. Logits / T
-    equal (hidden / T) @ W.T, so the temperature goes on the hidden states."""
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-
-    if temperature != 1.0:
-        hidden = hidden / temperature
-    return -liger_fused_linear_cross_entropy(hidden, weight, targets, reduction="none").float()
-
-
 def response_logprobs(
     model: nn.Module,
     prompts: list[list[int]],
@@ -119,18 +106,13 @@ def response_logprobs(
     The model is an HF causal LM (or a DeepSpeed engine's .module); gradients flow when
     autograd is on. Logits are divided by the sampling temperature, as the engine does,
     so dense and sampler log-probs describe the same distribution. chunk > 0 fuses the
-    LM head with the log-softmax over that many tokens at a time (through Liger Kernel
-    for a no-grad pass without entropy where the model runs Liger's kernels).
+    LM head with the log-softmax over that many tokens at a time (fused_logprobs.py).
     """
     hidden, input_ids = _packed_hidden(model, [p + r for p, r in zip(prompts, responses)])
     pred, target = _response_positions([len(p) for p in prompts], [len(r) for r in responses])
     if temperature in (0.0, 1.0):  # the engine's greedy log-probs are taken at T=1
         temperature = 1.0
-    liger = getattr(model, "liger_kernel", False) and not torch.is_grad_enabled()
-    if liger and entropy == "none" and chunk > 0 and _can_fuse(model.lm_head):
-        logp, ent = _liger_logprobs(
-            hidden[pred], model.lm_head.weight, input_ids[target], temperature), None
-    elif chunk > 0 and _can_fuse(model.lm_head):
+    if chunk > 0 and _can_fuse(model.lm_head):
         logp, ent = fused_logprobs(
             hidden[pred], model.lm_head.weight, input_ids[target], temperature, chunk,
             with_entropy=entropy != "none",
@@ -160,7 +142,8 @@ def batch_logprobs(
 ) -> torch.Tensor:
     """[N, width] log-probs (CPU, float32) for a whole batch, in packed micro-batches of
     at most max_tokens tokens; no gradients (old and reference log-probs)."""
-    out = torch.zeros(len(responses), width)
+    device = next(model.parameters()).device
+    out = torch.zeros(len(responses), width, device=device)
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     for group in pack_by_tokens(lengths, max_tokens):
         logp, _ = response_logprobs(
@@ -171,5 +154,5 @@ def batch_logprobs(
             temperature=temperature,
             chunk=chunk,
         )
-        out[group] = logp.float().cpu()
-    return out
+        out[group] = logp.float()
+    return out.cpu()  # one copy at the end: the host prepares micro-batches ahead

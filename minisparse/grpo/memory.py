@@ -3,7 +3,9 @@ memory between the rollout engine (KV pool) and the trainer (optimizer states).
 
 Rollout and training share one GPU: `rollout_memory` frees what training holds but the
 engine does not need (optimizer states, fp32 master weights, gradient buffers) and gives
-the engine its KV pool back; `train_memory` does the reverse. The reference model lives
+the engine its KV pool back; `train_memory` does the reverse. Where the memory plan keeps
+the training state on the GPU (the rollout's KV cache fits beside it), only the KV pool
+changes hands. The reference model lives
 on the CPU and visits the GPU for its one forward pass per rollout (`visiting`).
 """
 
@@ -30,11 +32,14 @@ def _sync(device: torch.device) -> None:
 @contextmanager
 def phase(name: str, metrics: dict[str, float], device: torch.device) -> Iterator[None]:
     """Record time/{name}_s and, on GPU, mem/{name}_peak_gib (max allocated in the phase),
-    mem/{name}_reserved_gib and mem/{name}_end_gib (allocated when it ends: after a swap,
-    what the next phase starts with) into metrics; on CPU the process's peak RSS so far."""
+    mem/{name}_reserved_gib, mem/{name}_end_gib (allocated when it ends: after a swap,
+    what the next phase starts with) and mem/{name}_alloc_retries (times the caching
+    allocator had to free its cache and try again: a phase at the GPU's limit, each retry
+    a device sync) into metrics; on CPU the process's peak RSS so far."""
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        retries = _alloc_retries(device)
     start = time.perf_counter()
     yield
     _sync(device)
@@ -44,25 +49,35 @@ def phase(name: str, metrics: dict[str, float], device: torch.device) -> Iterato
         metrics[f"mem/{name}_peak_gib"] = Max(torch.cuda.max_memory_allocated(device) / GIB)
         metrics[f"mem/{name}_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
         metrics[f"mem/{name}_end_gib"] = torch.cuda.memory_allocated(device) / GIB
+        metrics[f"mem/{name}_alloc_retries"] = Max(float(_alloc_retries(device) - retries))
     else:  # process-wide high-water mark (Linux reports KiB); not per phase
         metrics["mem/cpu_max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
 
-def free_training_memory(offload: TrainingStateOffload, device: torch.device) -> None:
-    """Optimizer states, master weights and gradient buffers off the GPU (no-op on CPU)."""
-    offload.offload()
+def _alloc_retries(device: torch.device) -> int:
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
+
+def free_training_memory(offload: TrainingStateOffload, device: torch.device,
+                         keep_state: bool = False) -> None:
+    """Optimizer states, master weights and gradient buffers off the GPU unless keep_state
+    (no-op on CPU)."""
+    if not keep_state:
+        offload.offload()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
 
-def rollout_memory(offload: TrainingStateOffload, rollout_engine, device: torch.device) -> None:
-    """Training -> rollout: training memory freed, then the KV pool allocated."""
-    free_training_memory(offload, device)
+def rollout_memory(offload: TrainingStateOffload, rollout_engine, device: torch.device,
+                   keep_state: bool = False) -> None:
+    """Training -> rollout: training memory freed (but for the state kept on the GPU), then
+    the KV pool allocated (a share of what is free then)."""
+    free_training_memory(offload, device, keep_state)
     rollout_engine.wake()
 
 
 def train_memory(offload: TrainingStateOffload, rollout_engine, device: torch.device) -> None:
-    """Rollout -> training: KV pool released, optimizer states back."""
+    """Rollout -> training: KV pool released, optimizer states back (what was moved)."""
     rollout_engine.sleep()
     if device.type == "cuda":
         torch.cuda.empty_cache()

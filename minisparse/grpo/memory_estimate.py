@@ -22,20 +22,25 @@ sequence = data.max_prompt_len + max_response_len)):
     Liger kernels:  a = b(4H + 2Hq + 2Hkv + 3I) + 4(heads + 2)
     PyTorch ops:    a = b(4H + 2Hq + 2Hkv + 4I) + 8H + 4(heads + 2)
   (PyTorch's RMSNorm keeps a float32 copy of its input, its SiLU the gate), so T·L·a
-  without checkpointing, T·L·b·H + T·a with it (each layer's input, one layer
-  recomputed). Qwen2.5-3B: a = 91,720 bytes (3.3 MB a token over 36 layers).
+  without checkpointing, T·L·b·H + T·a with it on every layer (each layer's input, one
+  layer recomputed), and T·(c·b·H + (L - c)·a) with it on the first c layers only (their
+  recompute comes after the other layers' backward has freed more than it needs).
+  Qwen2.5-3B: a = 91,720 bytes (3.3 MB a token over 36 layers).
 * the update's peak is the larger of two moments: the start of the backward (all
   activations + the LM head's backward: float32 and bf16 weight gradients 4VH + bVH and
-  a chunk's float32 logits 10·chunk·V) and DeepSpeed's first gradient-bucket flush, once
-  5e8 gradient elements are ready (f = that share of the layers is done, their
-  activations freed): activations x (1 - f) + the new gradient partition + the bucket +
+  one chunk's logits b·chunk·V, which the CUDA kernels turn into their gradient in place;
+  the CPU path's float32 copies are not planned for) and DeepSpeed's first gradient-bucket flush, once
+  5e8 gradient elements are ready (f = that share of the layers is done, the last ones,
+  their activations freed): activations less those + the new gradient partition + the bucket +
   the head's bVH gradient + one layer's backward work T·b(I + 2H).
 * log-prob passes: state (+ bP while the reference model visits) + one layer's forward
-  work T·b(3H + 3I) + the LM head's (Liger's fused cross-entropy 2bTH; ours 8·chunk·V;
+  work T·b(3H + 3I) + the LM head's (its input bTH and one chunk's logits b·chunk·V;
   unfused logits T·V·(b + 8)). A [T, T] mask more under model.attention=sdpa.
 * rollout: the weights the engine samples with + the KV pool (engine.kv_memory_gb, else
   engine.kv_memory_fraction of what is free) + sampling's float32 logits, probabilities
-  and sort over max_num_seqs rows (16·V bytes a row).
+  and sort over max_num_seqs rows (16·V bytes a row); + the training state (master
+  weights, moments, gradient partition) where the plan keeps it on the GPU, which it does
+  when the pool beside it still holds every sequence of a rollout at its largest cache.
 
 Checked on an H100 80GB (Qwen2.5-3B shape, one GPU, ZeRO 2, Liger; measured / estimated,
 GiB): update 64.0 / 64.1 for one 4,247-token sequence without checkpointing, 74.4 / 74.9
@@ -50,6 +55,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minisparse.compression.trigger import max_cache_tokens
 from minisparse.config.schema import Config
 from minisparse.models.loading import attention_heads
 
@@ -110,6 +116,8 @@ class Setup:
     kv_memory: int  # engine.kv_memory_gb in bytes; 0: a fraction of the free memory
     kv_fraction: float
     max_num_seqs: int
+    rollout_sequences: int = 0  # sequences a rollout decodes at once, at most
+    rollout_cache: int = 0  # KV tokens one of them holds at most (whole pages)
 
     @property
     def worst_tokens(self) -> int:
@@ -118,15 +126,28 @@ class Setup:
         return max(self.max_tokens, self.longest)
 
 
+def rollout_cache_tokens(cfg: Config) -> int:
+    """KV tokens one rollout sequence holds at most, in whole pages: prompt + response
+    dense; compressed, the trigger's bound (a longer prompt only until its first check)."""
+    longest = cfg.data.max_prompt_len + cfg.max_response_len
+    bound = max_cache_tokens(cfg.compress, cfg.data.max_prompt_len)
+    tokens = longest if bound is None else min(longest, max(bound, cfg.data.max_prompt_len))
+    page = cfg.engine.page_size
+    return (-(-tokens // page) + 1) * page  # + the page the next token opens
+
+
 def setup_of(cfg: Config, shape: ModelShape, world: int, liger: bool) -> Setup:
     dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[cfg.model.dtype]
+    per_rank = cfg.rollout_batch_size * cfg.n_samples_per_prompt // world
     return Setup(
         shape=shape, dtype_bytes=dtype_bytes, world=world, zero_stage=cfg.zero_stage,
         longest=cfg.data.max_prompt_len + cfg.max_response_len,
         max_tokens=cfg.max_tokens_per_gpu, logprob_chunk=cfg.model.logprob_chunk,
         liger=liger, sdpa=cfg.model.attention == "sdpa", reference=cfg.loss.kl_coef > 0,
         kv_memory=int(cfg.engine.kv_memory_gb * GIB), kv_fraction=cfg.engine.kv_memory_fraction,
-        max_num_seqs=cfg.engine.max_num_seqs)
+        max_num_seqs=cfg.engine.max_num_seqs,
+        rollout_sequences=min(cfg.engine.max_num_seqs, per_rank),
+        rollout_cache=rollout_cache_tokens(cfg))
 
 
 # ------------------------------------------------------------------------ the estimates
@@ -161,12 +182,17 @@ def per_token_layer(s: Setup) -> int:
     return common + 4 * b * m.intermediate + 8 * m.hidden
 
 
-def activations(s: Setup, tokens: int, checkpointing: bool) -> int:
+def all_or_none(s: Setup, checkpointing: bool) -> int:
+    """Layers under gradient checkpointing when it is on for every layer or for none."""
+    return s.shape.layers if checkpointing else 0
+
+
+def activations(s: Setup, tokens: int, checkpointed: int) -> int:
+    """Saved for the backward with the first `checkpointed` decoder layers checkpointed."""
     m = s.shape
     mask = tokens * tokens if s.sdpa else 0
-    if checkpointing:
-        return tokens * (m.layers * s.dtype_bytes * m.hidden + per_token_layer(s)) + mask
-    return tokens * m.layers * per_token_layer(s) + mask
+    full = max(m.layers - checkpointed, 1 if checkpointed else 0)  # (one recomputed layer)
+    return tokens * (checkpointed * s.dtype_bytes * m.hidden + full * per_token_layer(s)) + mask
 
 
 def _fused(s: Setup) -> bool:
@@ -180,7 +206,7 @@ def head_backward(s: Setup, tokens: int) -> int:
     vh = m.vocab * m.hidden
     if _fused(s):
         chunk = min(s.logprob_chunk, tokens)
-        return b * tokens * m.hidden + (4 + b) * vh + 10 * chunk * m.vocab
+        return b * tokens * m.hidden + (4 + b) * vh + b * chunk * m.vocab
     return tokens * m.vocab * (12 + b) + b * vh
 
 
@@ -190,18 +216,28 @@ def first_flush_share(s: Setup) -> float:
     return min(1.0, BUCKET / s.shape.layer_params / s.shape.layers)
 
 
-def backward_peak(s: Setup, tokens: int, checkpointing: bool, offload: bool,
+def freed_at_first_flush(s: Setup, tokens: int, checkpointed: int) -> int:
+    """Activations the backward has freed when the gradient bucket first fills: the last
+    layers' (the backward's first), which are the ones not checkpointed."""
+    done = first_flush_share(s) * s.shape.layers
+    full = s.shape.layers - checkpointed
+    kept = s.dtype_bytes * s.shape.hidden  # what a checkpointed layer holds a token
+    return int(tokens * (min(done, full) * per_token_layer(s) + max(0.0, done - full) * kept))
+
+
+def backward_peak(s: Setup, tokens: int, checkpointed: int, offload: bool,
                   adam: bool = True, accumulating: bool = True) -> int:
-    """Peak of one micro-batch's forward + backward. accumulating: an earlier micro-batch
-    of the same optimizer step left its gradients."""
+    """Peak of one micro-batch's forward + backward with `checkpointed` layers under
+    gradient checkpointing. accumulating: an earlier micro-batch of the same optimizer step
+    left its gradients."""
     m, b = s.shape, s.dtype_bytes
     state = weights(s) + (0 if offload else optimizer_state(s, adam))
-    acts = activations(s, tokens, checkpointing)
+    acts = activations(s, tokens, checkpointed)
     grads = gradients(s)
     start = acts + head_backward(s, tokens)
     if s.zero_stage < 2:  # gradients accumulate in place, in the parameters' .grad
         return state + grads + start
-    flush = (int(acts * (1 - first_flush_share(s))) + grads + b * min(BUCKET, m.params)
+    flush = (acts - freed_at_first_flush(s, tokens, checkpointed) + grads + b * min(BUCKET, m.params)
              + b * m.vocab * m.hidden + tokens * b * (m.intermediate + 2 * m.hidden))
     return state + (grads if accumulating else 0) + max(start, flush)
 
@@ -217,9 +253,9 @@ def step_peak(s: Setup, adam: bool = True) -> int:
     return weights(s) + optimizer_state(s) + gradients(s) + copy + 4 * p // s.world
 
 
-def update_peak(s: Setup, tokens: int, checkpointing: bool, offload: bool,
+def update_peak(s: Setup, tokens: int, checkpointed: int, offload: bool,
                 adam: bool = True, accumulating: bool = True) -> int:
-    return max(backward_peak(s, tokens, checkpointing, offload, adam, accumulating),
+    return max(backward_peak(s, tokens, checkpointed, offload, adam, accumulating),
                step_peak(s))
 
 
@@ -228,10 +264,8 @@ def logprob_peak(s: Setup, tokens: int, adam: bool = True) -> int:
     m, b = s.shape, s.dtype_bytes
     work = tokens * (b * (3 * m.hidden + 3 * m.intermediate)
                      + (0 if s.liger else b * m.intermediate + 8 * m.hidden))
-    if s.liger and _fused(s):
-        head = 2 * b * tokens * m.hidden
-    elif _fused(s):
-        head = b * tokens * m.hidden + 8 * min(s.logprob_chunk, tokens) * m.vocab
+    if _fused(s):
+        head = b * tokens * m.hidden + b * min(s.logprob_chunk, tokens) * m.vocab
     else:
         head = tokens * m.vocab * (b + 8)
     mask = tokens * tokens if s.sdpa else 0
@@ -239,26 +273,41 @@ def logprob_peak(s: Setup, tokens: int, adam: bool = True) -> int:
     return weights(s) + optimizer_state(s, adam) + reference + work + head + mask
 
 
-def rollout_resident(s: Setup) -> int:
+def training_state(s: Setup) -> int:
+    """What the swap to a rollout moves off the GPU under ZeRO 1-3: fp32 master weights,
+    AdamW moments and the gradient partition (without ZeRO nothing moves)."""
+    return optimizer_state(s) + gradients(s) if s.zero_stage else 0
+
+
+def rollout_resident(s: Setup, keep_state: bool = False) -> int:
     """What stays on the GPU beside the KV pool while the engine samples: the weights
-    (ZeRO 3 gathers them whole; without ZeRO the optimizer state stays too)."""
+    (ZeRO 3 gathers them whole; without ZeRO the optimizer state stays too), and the
+    training state where it is kept there."""
     b, p = s.dtype_bytes, s.shape.params
+    kept = training_state(s) if keep_state else 0
     if s.zero_stage == 3:
-        return b * p + b * p // s.world
-    return b * p + (optimizer_state(s) if s.zero_stage == 0 else 0)
+        return b * p + b * p // s.world + kept
+    return b * p + (optimizer_state(s) if s.zero_stage == 0 else kept)
 
 
-def kv_pool(s: Setup, capacity: int) -> int:
+def kv_pool(s: Setup, capacity: int, keep_state: bool = False) -> int:
     if s.kv_memory:
         return s.kv_memory
-    return max(0, int(s.kv_fraction * (capacity - rollout_resident(s))))
+    return max(0, int(s.kv_fraction * (capacity - rollout_resident(s, keep_state))))
 
 
-def rollout_peak(s: Setup, capacity: int) -> int:
-    return rollout_resident(s) + kv_pool(s, capacity) + 16 * s.max_num_seqs * s.shape.vocab
+def rollout_peak(s: Setup, capacity: int, keep_state: bool = False) -> int:
+    return (rollout_resident(s, keep_state) + kv_pool(s, capacity, keep_state)
+            + 16 * s.max_num_seqs * s.shape.vocab)
 
 
-def kv_tokens(s: Setup, capacity: int) -> int:
+def kv_tokens(s: Setup, capacity: int, keep_state: bool = False) -> int:
     """Tokens the KV pool holds (K and V of every layer)."""
     m = s.shape
-    return kv_pool(s, capacity) // (2 * m.layers * m.kv_heads * m.head_dim * s.dtype_bytes)
+    return (kv_pool(s, capacity, keep_state)
+            // (2 * m.layers * m.kv_heads * m.head_dim * s.dtype_bytes))
+
+
+def rollout_kv_need(s: Setup) -> int:
+    """KV tokens a rollout's sequences hold at most, all at once."""
+    return s.rollout_sequences * s.rollout_cache

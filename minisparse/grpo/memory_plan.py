@@ -4,10 +4,16 @@ a one-line stop (exit 2) where settings a user fixed cannot fit.
 
 It decides:
 * gradient checkpointing (model.gradient_checkpointing: auto): off when the update fits
-  without it, on otherwise;
+  without it, else on the fewest decoder layers (the first ones) with which it fits:
+  each layer left out of it saves recomputing its forward in the backward (true: every
+  layer);
 * whether AdamW moments and fp32 master weights wait on the CPU during the update's
   forward and backward passes (optimizer_offload: auto), only when nothing else fits:
   they come back for each optimizer step, which needs them on the GPU;
+* whether the training state (fp32 master weights, AdamW moments, gradient partition)
+  stays on the GPU through rollouts: when the KV pool beside it still holds every
+  sequence of a rollout at its largest cache (compressed rollouts need little), so the
+  swaps between phases move nothing; otherwise it waits on the CPU during rollouts;
 * the log-prob passes' micro-batch budget: max_tokens_per_gpu, less where those passes
   would not fit. The update's micro-batches keep max_tokens_per_gpu; a sequence longer
   than it gets a micro-batch of its own (batching.pack_by_tokens), and the plan counts
@@ -32,8 +38,10 @@ import torch
 from minisparse.config.schema import Config, ConfigError
 from minisparse.grpo.batching import pack_by_tokens, split_steps
 from minisparse.grpo.distributed import all_reduce
-from minisparse.grpo.memory_estimate import (GIB, Setup, backward_peak, kv_pool, kv_tokens,
-                                             logprob_peak, rollout_peak, rollout_resident,
+from minisparse.grpo.memory_estimate import (GIB, Setup, all_or_none, backward_peak, kv_pool,
+                                             kv_tokens,
+                                             logprob_peak, rollout_kv_need, rollout_peak,
+                                             rollout_resident, training_state,
                                              setup_of, shape_of, step_peak, update_peak)
 from minisparse.grpo.metric import Max
 
@@ -54,6 +62,9 @@ class MemoryPlan:
     device: str = ""
     peaks: dict[str, int] | None = None  # phase -> planned peak (bytes), worst case
     note: str = ""  # why gradient checkpointing is on or off
+    # decoder layers under gradient checkpointing, the first ones (None: every layer)
+    checkpointed_layers: int | None = None
+    keep_state: bool = False  # the training state stays on the GPU through rollouts
 
     @property
     def usable(self) -> int:
@@ -61,16 +72,22 @@ class MemoryPlan:
 
     def table(self) -> str:
         """What the run prints at start: one line when not planned, else a short table."""
-        choice = (f"gradient checkpointing {'on' if self.gradient_checkpointing else 'off'}"
-                  + (f" ({self.note})" if self.note else ""))
+        on = "on" if self.gradient_checkpointing else "off"
+        if self.gradient_checkpointing and self.setup and self.checkpointed_layers is not None:
+            on += f" for {self.checkpointed_layers} of {self.setup.shape.layers} layers"
+        choice = f"gradient checkpointing {on}" + (f" ({self.note})" if self.note else "")
         if self.setup is None:
             return (f"memory plan: no GPU, not planned ({choice}; gpu_memory_gb plans for a "
                     f"GPU of that size)")
         s, cap, longest = self.setup, self.capacity, self.setup.longest
+        keep, seqs = self.keep_state, s.rollout_sequences
+        state = (f" + training state {_gib(training_state(s))} (kept: {seqs:,} sequences of "
+                 f"up to {s.rollout_cache:,} tokens fit beside it)" if keep else "")
+        pool = kv_tokens(s, cap, keep)
         rows = [
-            ("rollout", f"weights {_gib(rollout_resident(s))} + KV pool {_gib(kv_pool(s, cap))}: "
-                        f"{kv_tokens(s, cap):,} tokens, {kv_tokens(s, cap) // longest:,} "
-                        f"uncompressed sequences"),
+            ("rollout", f"weights {_gib(rollout_resident(s))}{state} + KV pool "
+                        f"{_gib(kv_pool(s, cap, keep))}: {pool:,} tokens, "
+                        f"{pool // longest:,} uncompressed sequences"),
             ("logprobs", _budget(self.logprob_tokens, longest)
                          + (", reference model visiting" if s.reference else "")),
             ("update", f"{_budget(self.update_tokens, longest)}; optimizer step "
@@ -90,6 +107,8 @@ class MemoryPlan:
     def record(self) -> dict:
         """memory_plan.json: the decisions, the peaks (GiB) and what they came from."""
         out = {"gradient_checkpointing": self.gradient_checkpointing,
+               "checkpointed_layers": self.checkpointed_layers,
+               "keep_state": self.keep_state,
                "optimizer_offload": self.optimizer_offload,
                "logprob_tokens": self.logprob_tokens, "update_tokens": self.update_tokens,
                "planned": self.setup is not None, "note": self.note}
@@ -158,8 +177,19 @@ def _options(cfg: Config) -> list[tuple[bool, bool]]:
     return [o for o in OPTIONS if _allowed(gc, o[0]) and _allowed(off, o[1])]
 
 
+def _peak(s: Setup, tokens: int, option: tuple[bool, bool]) -> int:
+    """The update's peak under (gradient checkpointing on every layer or none, offload)."""
+    return update_peak(s, tokens, all_or_none(s, option[0]), option[1])
+
+
 def _best(s: Setup, tokens: int, options) -> int:
-    return min(update_peak(s, tokens, *o) for o in options)
+    return min(_peak(s, tokens, o) for o in options)
+
+
+def _fewest_checkpointed(s: Setup, tokens: int, offload: bool, usable: int) -> int | None:
+    """The fewest layers under gradient checkpointing with which the update fits."""
+    return next((n for n in range(s.shape.layers + 1)
+                 if update_peak(s, tokens, n, offload) <= usable), None)
 
 
 def _largest(fits, low: int, high: int) -> int | None:
@@ -196,20 +226,36 @@ def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
             f"the {_size(usable)} planned for; set engine.kv_memory_gb<="
             f"{max(0.0, (usable - need) / GIB + cfg.engine.kv_memory_gb):.0f} or 0 "
             f"(engine.kv_memory_fraction of what is free)")
+    plan.keep_state = keeps_state(s, capacity)
+    need = rollout_peak(s, capacity, plan.keep_state)
     plan.logprob_tokens = _logprob_budget(cfg, s, usable)
     options = _options(cfg)
-    chosen = next((o for o in options if update_peak(s, worst, *o) <= usable), None)
+    chosen = next((o for o in options if _peak(s, worst, o) <= usable), None)
     if chosen is None:
         raise ConfigError(_update_error(cfg, s, usable, capacity))
     plan.gradient_checkpointing, plan.optimizer_offload = chosen
+    plan.checkpointed_layers = all_or_none(s, chosen[0])
     if cfg.model.gradient_checkpointing == "auto":
-        off = update_peak(s, worst, False, chosen[1])
+        off = update_peak(s, worst, 0, chosen[1])
         plan.note = ("auto: the update fits without it" if not chosen[0] else
                      f"auto: without it the update would need ~{_size(off)}")
+        if chosen[0]:
+            plan.checkpointed_layers = _fewest_checkpointed(s, worst, chosen[1], usable)
     lp_worst = max(plan.logprob_tokens, s.longest)
     plan.peaks = {"rollout": need, "logprobs": logprob_peak(s, lp_worst),
-                  "update": update_peak(s, worst, *chosen)}
+                  "update": update_peak(s, worst, plan.checkpointed_layers, chosen[1])}
     return plan
+
+
+def keeps_state(s: Setup, capacity: int) -> bool:
+    """Whether the training state can stay on the GPU through rollouts: the KV pool left
+    beside it holds every sequence of a rollout at its largest cache (ZeRO 1-3; without
+    ZeRO it never moves)."""
+    if not s.zero_stage or not s.rollout_sequences:
+        return False
+    if s.kv_memory:  # a fixed pool: the state must fit beside it
+        return rollout_peak(s, capacity, True) <= int(capacity * (1 - HEADROOM))
+    return kv_tokens(s, capacity, True) >= rollout_kv_need(s)
 
 
 def _logprob_budget(cfg: Config, s: Setup, usable: int) -> int:
@@ -285,7 +331,7 @@ def batch_peaks(plan: MemoryPlan, lengths: list[int], num_steps: int,
         for j, group in enumerate(groups):
             tokens = sum(lengths[samples[i]] for i in group)
             update = max(update, backward_peak(
-                s, tokens, plan.gradient_checkpointing, plan.optimizer_offload,
+                s, tokens, plan.checkpointed_layers, plan.optimizer_offload,
                 adam=steps_done + k > 0, accumulating=j > 0))
     return {"rollout": plan.peaks["rollout"],
             "logprobs": logprob_peak(s, logprob, adam=steps_done > 0),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
 
 import torch
 
@@ -96,7 +95,7 @@ def optimizer_step(
     denominator = max(total, 1.0) / world_size()
     lengths = [len(batch.prompts[i]) + len(batch.responses[i]) for i in samples]
     groups = equalize_across_ranks(pack_by_tokens(lengths, cfg.max_tokens_per_gpu))
-    sums: dict[str, float] = defaultdict(float)
+    sums: dict[str, torch.Tensor] = {}  # read once after the micro-batches: no sync each
     finite = True
     if offload is not None:
         offload.offload_optimizer()
@@ -112,7 +111,7 @@ def optimizer_step(
             finite = False
             _constant_backward(train_engine, float("nan"))
         for key, value in metrics.items():
-            sums[key] += value.item()
+            sums[key] = sums[key] + value if key in sums else value
     if offload is not None:
         offload.reload()
     step_s = _timed(train_engine.step, device_of(train_engine))
@@ -120,7 +119,7 @@ def optimizer_step(
     grad_norm = float("nan") if grad_norm is None else float(grad_norm)
     applied = train_engine.was_step_applied() and finite and math.isfinite(grad_norm)
     return {
-        **sums,
+        **{key: float(value) for key, value in sums.items()},
         "train/grad_norm": grad_norm,
         "train/lr": train_engine.get_lr()[0],
         "train/micro_batches": float(len(groups)),

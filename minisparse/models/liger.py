@@ -5,8 +5,9 @@ element-wise kernels, each a pass over the activations; on a GPU those passes co
 a log-prob pass and an update about a quarter of their time at the paper's shapes.
 Liger Kernel (a maintained library, Triton) fuses each into one kernel and keeps the
 weights as they are: the patched model still loads, saves and feeds the rollout engine
-the same parameters. Liger's fused linear cross-entropy serves the no-grad log-prob
-pass; the update keeps ours (grpo/fused_logprobs.py), which also gives the entropy.
+the same parameters. The LM head is ours (grpo/fused_logprobs.py), which gives the
+entropy too and measured faster than Liger's fused linear cross-entropy on the no-grad
+log-prob pass (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -53,7 +54,6 @@ def use_liger_kernel(model: nn.Module, mode: Switch, on_gpu: bool) -> str:
     if missing:
         raise ConfigError(f"model.liger_kernel=on but {missing[0]}")
     _patch_instance(model, family)
-    model.liger_kernel = True  # grpo/logprobs.py: the no-grad log-prob head uses it too
     return "Liger Kernel RMSNorm/SwiGLU/RoPE"
 
 
