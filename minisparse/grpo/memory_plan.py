@@ -39,10 +39,9 @@ from minisparse.config.schema import Config, ConfigError
 from minisparse.grpo.batching import pack_by_tokens, split_steps
 from minisparse.grpo.distributed import all_reduce
 from minisparse.grpo.memory_estimate import (GIB, Setup, all_or_none, backward_peak, kv_pool,
-                                             kv_tokens,
-                                             logprob_peak, rollout_kv_need, rollout_peak,
-                                             rollout_resident, training_state,
-                                             setup_of, shape_of, step_peak, update_peak)
+                                             kv_tokens, logprob_peak, rollout_kv_need,
+                                             rollout_peak, rollout_resident, setup_of,
+                                             shape_of, step_peak, training_state, update_peak)
 from minisparse.grpo.metric import Max
 
 HEADROOM = 0.08  # of the GPU's memory, kept free
@@ -226,7 +225,7 @@ def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
             f"the {_size(usable)} planned for; set engine.kv_memory_gb<="
             f"{max(0.0, (usable - need) / GIB + cfg.engine.kv_memory_gb):.0f} or 0 "
             f"(engine.kv_memory_fraction of what is free)")
-    plan.keep_state = keeps_state(s, capacity)
+    plan.keep_state = keeps_state(s, capacity, usable)
     need = rollout_peak(s, capacity, plan.keep_state)
     plan.logprob_tokens = _logprob_budget(cfg, s, usable)
     options = _options(cfg)
@@ -247,14 +246,14 @@ def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
     return plan
 
 
-def keeps_state(s: Setup, capacity: int) -> bool:
+def keeps_state(s: Setup, capacity: int, usable: int) -> bool:
     """Whether the training state can stay on the GPU through rollouts: the KV pool left
     beside it holds every sequence of a rollout at its largest cache (ZeRO 1-3; without
     ZeRO it never moves)."""
     if not s.zero_stage or not s.rollout_sequences:
         return False
     if s.kv_memory:  # a fixed pool: the state must fit beside it
-        return rollout_peak(s, capacity, True) <= int(capacity * (1 - HEADROOM))
+        return rollout_peak(s, capacity, True) <= usable
     return kv_tokens(s, capacity, True) >= rollout_kv_need(s)
 
 

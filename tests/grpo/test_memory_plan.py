@@ -234,6 +234,11 @@ def test_training_state_stays_where_the_rollout_fits_beside_it(qwen3b, config, g
     assert kv_tokens(s, gib * GIB, True) == {79: 769_326, 140: 2_190_729}[gib]
     kept = "training state 40.2 (kept: 256 sequences of up to"
     assert (kept in plan.table()) is keep
+    # a fixed pool: the state stays where weights 5.75 + state 40.24 + pool + sampling's
+    # 1.16 GiB fit in the 72.68 planned for: with 10 GiB (57.15) yes, 30 GiB (77.15) no
+    for pool, kept in ((10, True), (30, False)):
+        fixed = setup_of(load_config(config, [f"engine.kv_memory_gb={pool}"]), qwen3b, 1, True)
+        assert make_plan(cfg, fixed, 79 * GIB, "GPU").keep_state is kept
     # ZeRO 0 never moves its state: nothing to keep
     no_zero = setup_of(load_config(config, ["zero_stage=0"]), qwen3b, 1, liger=True)
     assert not make_plan(cfg, no_zero, 200 * GIB, "GPU").keep_state
