@@ -1,0 +1,74 @@
+#!/bin/bash
+# What sparse rollouts buy per step: the same GRPO step run twice, with the config's
+# compressed rollouts and with dense ones (compress.algorithm=none), then each run's phase
+# times and the step-time ratio dense / compressed of the last rollout.
+#
+#   bash scripts/dense_vs_sparse.sh                            # qwen3b_rkv, 3B shape, 4k, 256 samples
+#   LEN=8192 bash scripts/dense_vs_sparse.sh                    # 8,192 new tokens
+#   LEN=16384 PROMPTS=12 bash scripts/dense_vs_sparse.sh        # 96 samples of 16k
+#   CONFIG=tiny_rkv MODEL=tiny DATA=synthetic LEN=64 PROMPTS=2 ROLLOUTS=1 \
+#       bash scripts/dense_vs_sparse.sh                         # a CPU check, seconds
+#
+# With two GPUs or more the runs go at once (GPU 0 compressed, GPU 1 dense, each its own
+# port); otherwise one after the other. Nothing but the shape is set: the memory plan
+# chooses the rest, as for any run. Settings (environment):
+#   CONFIG    qwen3b_rkv
+#   MODEL     a shape name for random weights, or an HF directory (qwen2.5-3b)
+#   DATA      a prompt file (data/simplelr_qwen_level3to5.jsonl)
+#   LEN       max_response_len (4096)
+#   PROMPTS   prompts a rollout (32: 256 samples with qwen3b_rkv's 8 each, as on each of
+#             the paper's 4 GPUs), in the config's optimizer steps a rollout
+#   ROLLOUTS  rollouts each (2: the second shows the steady swaps)
+#   ROOT      run folders and logs (/tmp/dense_vs_sparse)
+#   LIMIT_S   seconds a run may take (0: no limit)
+#   EXTRA     more train.py flags for both runs
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CONFIG=${CONFIG:-qwen3b_rkv}; MODEL=${MODEL:-qwen2.5-3b}; LEN=${LEN:-4096}
+PROMPTS=${PROMPTS:-32}; ROLLOUTS=${ROLLOUTS:-2}; ROOT=${ROOT:-/tmp/dense_vs_sparse}
+DATA=${DATA:-data/simplelr_qwen_level3to5.jsonl}; LIMIT_S=${LIMIT_S:-0}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+STEP_SAMPLES=$(python3 -c "from minisparse.config.load import load_config as l; c = l('$CONFIG')
+print($PROMPTS * c.n_samples_per_prompt // c.num_steps_per_rollout)") || exit 2
+mkdir -p "$ROOT"
+
+run() {  # name gpu port [--set ...]: one train.py run into $ROOT/name
+    local name=$1 gpu=$2 port=$3; shift 3
+    [ "$GPUS" -gt 0 ] && export CUDA_VISIBLE_DEVICES=$gpu
+    timeout -k 10 "$LIMIT_S" torchrun --nproc_per_node 1 --master_port "$port" train.py \
+        --config "$CONFIG" --set model.path="$MODEL" --set data.path="$DATA" \
+        --set max_response_len="$LEN" --set rollout_batch_size="$PROMPTS" \
+        --set global_batch_size="$STEP_SAMPLES" --set num_rollout="$ROLLOUTS" \
+        --set save_interval=0 --set log.tensorboard=false --set resume=never \
+        --set output_dir="$ROOT/$name" ${EXTRA:-} "$@" > "$ROOT/$name.log" 2>&1
+    echo "$name: exit $? (log $ROOT/$name.log)"
+}
+if [ "$GPUS" -ge 2 ]; then
+    run sparse 0 29631 & run dense 1 29632 --set compress.algorithm=none & wait
+else
+    run sparse 0 29631; run dense 0 29632 --set compress.algorithm=none
+fi
+for name in sparse dense; do
+    echo "=== $name"
+    grep -E "^  (rollout|chosen)|^rollout KV cache" "$ROOT/$name.log" | cut -c1-200
+    [ -f "$ROOT/$name/metrics.jsonl" ] && python3 scripts/phase_table.py \
+        "$ROOT/$name/metrics.jsonl" --prefix perf/ --key compress/peak_cache_tokens_mean | tail -30
+done
+python3 - "$ROOT" <<'PY'
+import json, sys
+from pathlib import Path
+last = {}
+for name in ("sparse", "dense"):
+    path = Path(sys.argv[1]) / name / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    if rows:
+        last[name] = rows[-1]
+if len(last) < 2:
+    sys.exit("no step-time ratio: a run did not finish a rollout (see its log)")
+s, d = last["sparse"], last["dense"]
+print(f"rollout {s['rollout']}: step dense {d['time/step_s']:.1f} s, compressed "
+      f"{s['time/step_s']:.1f} s: dense / compressed {d['time/step_s'] / s['time/step_s']:.2f}x "
+      f"(rollout {d['time/rollout_s'] / s['time/rollout_s']:.2f}x)")
+PY

@@ -1,0 +1,34 @@
+"""scripts/dense_vs_sparse.sh on the CPU: the tiny model's compressed and dense runs one
+after the other, their phase tables and the step-time ratio read from both metrics."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "dense_vs_sparse.sh"
+
+
+def test_help_names_its_settings():
+    res = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True)
+    assert res.returncode == 0
+    for name in ("CONFIG", "MODEL", "DATA", "LEN", "PROMPTS", "ROLLOUTS", "ROOT", "LIMIT_S"):
+        assert name in res.stdout
+
+
+def test_tiny_pair_prints_both_runs_and_the_ratio(tmp_path):
+    env = {**os.environ, "CONFIG": "tiny_rkv", "MODEL": "tiny", "DATA": "synthetic",
+           "LEN": "64", "PROMPTS": "2", "ROLLOUTS": "1", "ROOT": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = res.stdout
+    assert "sparse: exit 0" in out and "dense: exit 0" in out
+    assert "=== sparse" in out and "=== dense" in out and "--- rollout 1" in out
+    ratio = [line for line in out.splitlines() if "dense / compressed" in line]
+    assert len(ratio) == 1 and ratio[0].startswith("rollout 1: step dense ")
+    for name in ("sparse", "dense"):
+        assert (tmp_path / name / "metrics.jsonl").read_text().count("\n") == 1
+    dense_log = (tmp_path / "dense.log").read_text()
+    assert "dense (no compression)" in dense_log and "R-KV" in (tmp_path / "sparse.log").read_text()
