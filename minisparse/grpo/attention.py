@@ -12,9 +12,9 @@ sequence's causal triangle and has a backward:
 * "varlen": torch's own flash-attention varlen kernel (`torch.nn.attention.varlen`);
 * "auto" (the default): flash-attn-4 where it can run this model here, else "varlen".
 
-Off CUDA (or with a torch lacking its kernel) the packed kernels run one causal SDPA call
-per sequence. No mask is built (transformers builds none for an attention it has no mask
-function for). A call without packing information (one sequence per row) is plain
+Off CUDA, in float32 (the kernels take bfloat16 or float16), or with a torch lacking its
+kernel, the packed settings run one causal SDPA call per sequence. No mask is built
+(transformers builds none for an attention it has no mask function for). A call without packing information (one sequence per row) is plain
 causal SDPA.
 """
 
@@ -39,6 +39,7 @@ PACKED = (NAME, FLASH_NAME)  # the implementations that take packing_kwargs
 # GPU generations flash-attn-4's kernels (forward and backward) are written for, by
 # compute-capability major, with the largest head dim each takes.
 FLASH_GPUS = {9: ("Hopper", 256), 10: ("Blackwell", 128)}
+HALF = (torch.bfloat16, torch.float16)  # what the varlen kernels take; others run per sequence
 
 
 def packing_kwargs(lengths: list[int], device: torch.device) -> dict:
@@ -128,7 +129,8 @@ def _packed_forward(kernel, query, key, value, attention_mask, dropout=0.0, scal
         raise ValueError(
             f"packed lengths {list(lengths)} do not tile a row of {length} tokens (batch {batch})"
         )
-    if not (query.is_cuda and packed_lengths) or (kernel is _torch_varlen and _varlen_fn() is None):
+    if (not (query.is_cuda and packed_lengths) or query.dtype not in HALF
+            or (kernel is _torch_varlen and _varlen_fn() is None)):
         return _per_sequence_sdpa(query, key, value, lengths, scaling).transpose(1, 2), None
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [L, H, D]
     return kernel(q, k, v, packed_cu_seqlens, packed_max_seqlen, scaling)[None], None
@@ -175,7 +177,7 @@ def flash_attn_missing(model: torch.nn.Module) -> str | None:
                 f"(9.x) nor Blackwell (10.x)")
     if not _flash_installed():
         return "flash-attn-4 is not installed (pip install -r requirements-flash-attn.txt)"
-    if param.dtype not in (torch.bfloat16, torch.float16):
+    if param.dtype not in HALF:
         dtype = str(param.dtype).removeprefix("torch.")
         return f"model.dtype is {dtype}; flash-attn-4 runs bfloat16 or float16"
     head_dim = attention_heads(model.config)[2]
@@ -232,6 +234,10 @@ def resolve_attention(model: torch.nn.Module, kind: Attention) -> tuple[str, str
     words = "torch varlen flash attention"
     if not param.is_cuda:
         words, why = "per-sequence SDPA attention", "the policy is not on a CUDA GPU"
+    elif param.dtype not in HALF:
+        dtype = str(param.dtype).removeprefix("torch.")
+        words, why = "per-sequence SDPA attention", (f"model.dtype is {dtype}; the varlen "
+                                                     "kernels run bfloat16 or float16")
     elif _varlen_fn() is None:
         words, why = "per-sequence SDPA attention", "torch's varlen kernel is unusable here"
     return "varlen", f"{words} (model.attention={kind}" + (f": {why})" if why else ")")

@@ -168,3 +168,21 @@ def test_cuda_varlen_kernel_matches_per_sequence_sdpa():
     for a, b in zip(*results):
         assert torch.isfinite(a).all()
         assert ((a - b).norm() / b.norm()).item() < 1e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_float32_policy_on_a_gpu_runs_per_sequence():
+    """The varlen kernels take bf16 / fp16: a float32 policy (tiny_rkv on a GPU) is told so
+    at start and its packed passes run per sequence, with the CPU's numbers."""
+    from minisparse.grpo.logprobs import batch_logprobs
+
+    model = tiny_qwen2(vocab=97, hidden=32, layers=2, heads=4, kv_heads=2).eval()
+    prompts, responses = [[1, 2, 3], [4, 5]], [[7, 8], [9, 10, 11]]
+    want = batch_logprobs(model, prompts, responses, 3, 64)
+    model.cuda()
+    for kind in ("auto", "varlen"):
+        words = use_attention(model, kind)
+        assert words == (f"per-sequence SDPA attention (model.attention={kind}: model.dtype "
+                         f"is float32; the varlen kernels run bfloat16 or float16)")
+        torch.testing.assert_close(batch_logprobs(model, prompts, responses, 3, 64), want,
+                                   rtol=1e-4, atol=1e-4)
