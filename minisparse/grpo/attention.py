@@ -14,8 +14,8 @@ sequence's causal triangle and has a backward:
 
 Off CUDA, in float32 (the kernels take bfloat16 or float16), or with a torch lacking its
 kernel, the packed settings run one causal SDPA call per sequence. No mask is built
-(transformers builds none for an attention it has no mask function for). A call without packing information (one sequence per row) is plain
-causal SDPA.
+(transformers builds none for an attention it has no mask function for). A call without
+packing information (one sequence per row) is plain causal SDPA.
 """
 
 from __future__ import annotations
@@ -164,6 +164,11 @@ def _flash_installed() -> bool:
         return False
 
 
+def _not_half(param: torch.Tensor, kernels: str) -> str:
+    return (f"model.dtype is {str(param.dtype).removeprefix('torch.')}; {kernels} "
+            f"bfloat16 or float16")
+
+
 def flash_attn_missing(model: torch.nn.Module) -> str | None:
     """Why flash-attn-4 cannot run this model's training passes where its weights are;
     None when nothing is known to stop it (its first call is checked apart)."""
@@ -178,8 +183,7 @@ def flash_attn_missing(model: torch.nn.Module) -> str | None:
     if not _flash_installed():
         return "flash-attn-4 is not installed (pip install -r requirements-flash-attn.txt)"
     if param.dtype not in HALF:
-        dtype = str(param.dtype).removeprefix("torch.")
-        return f"model.dtype is {dtype}; flash-attn-4 runs bfloat16 or float16"
+        return _not_half(param, "flash-attn-4 runs")
     head_dim = attention_heads(model.config)[2]
     generation, largest = FLASH_GPUS[major]
     if head_dim % 8 or not 8 <= head_dim <= largest:
@@ -235,9 +239,7 @@ def resolve_attention(model: torch.nn.Module, kind: Attention) -> tuple[str, str
     if not param.is_cuda:
         words, why = "per-sequence SDPA attention", "the policy is not on a CUDA GPU"
     elif param.dtype not in HALF:
-        dtype = str(param.dtype).removeprefix("torch.")
-        words, why = "per-sequence SDPA attention", (f"model.dtype is {dtype}; the varlen "
-                                                     "kernels run bfloat16 or float16")
+        words, why = "per-sequence SDPA attention", _not_half(param, "the varlen kernels run")
     elif _varlen_fn() is None:
         words, why = "per-sequence SDPA attention", "torch's varlen kernel is unusable here"
     return "varlen", f"{words} (model.attention={kind}" + (f": {why})" if why else ")")

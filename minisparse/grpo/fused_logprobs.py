@@ -75,7 +75,8 @@ def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc += (a @ b).to(acc.dtype)
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor,
+                  buf: torch.Tensor | None) -> torch.Tensor:
     """hidden @ weight.T, into buf's first rows when given (one allocation for all chunks)."""
     if buf is None:
         return hidden @ weight.t()

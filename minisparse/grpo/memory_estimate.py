@@ -28,11 +28,12 @@ sequence = data.max_prompt_len + max_response_len)):
   Qwen2.5-3B: a = 91,720 bytes (3.3 MB a token over 36 layers).
 * the update's peak is the larger of two moments: the start of the backward (all
   activations + the LM head's backward: float32 and bf16 weight gradients 4VH + bVH and
-  one chunk's logits b·chunk·V, which the CUDA kernels turn into their gradient in place;
-  the CPU path's float32 copies are not planned for) and DeepSpeed's first gradient-bucket flush, once
-  5e8 gradient elements are ready (f = that share of the layers is done, the last ones,
-  their activations freed): activations less those + the new gradient partition + the bucket +
-  the head's bVH gradient + one layer's backward work T·b(I + 2H).
+  one chunk's logits b·chunk·V, which the CUDA kernels turn into their gradient in
+  place; the CPU path's float32 copies are not planned for) and DeepSpeed's first
+  gradient-bucket flush, once 5e8 gradient elements are ready (f = that share of the
+  layers is done, the last ones, their activations freed): activations less those + the
+  new gradient partition + the bucket + the head's bVH gradient + one layer's backward
+  work T·b(I + 2H).
 * log-prob passes: state (+ bP while the reference model visits) + one layer's forward
   work T·b(3H + 3I) + the LM head's (its input bTH and one chunk's logits b·chunk·V;
   unfused logits T·V·(b + 8)). A [T, T] mask more under model.attention=sdpa.
@@ -237,8 +238,9 @@ def backward_peak(s: Setup, tokens: int, checkpointed: int, offload: bool,
     start = acts + head_backward(s, tokens)
     if s.zero_stage < 2:  # gradients accumulate in place, in the parameters' .grad
         return state + grads + start
-    flush = (acts - freed_at_first_flush(s, tokens, checkpointed) + grads + b * min(BUCKET, m.params)
-             + b * m.vocab * m.hidden + tokens * b * (m.intermediate + 2 * m.hidden))
+    flush = (acts - freed_at_first_flush(s, tokens, checkpointed) + grads
+             + b * min(BUCKET, m.params) + b * m.vocab * m.hidden
+             + tokens * b * (m.intermediate + 2 * m.hidden))
     return state + (grads if accumulating else 0) + max(start, flush)
 
 
