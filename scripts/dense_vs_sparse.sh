@@ -10,8 +10,13 @@
 #       bash scripts/dense_vs_sparse.sh                         # a CPU check, seconds
 #
 # With two GPUs or more the runs go at once (GPU 0 compressed, GPU 1 dense, each its own
-# port); otherwise one after the other. Nothing but the shape is set: the memory plan
-# chooses the rest, as for any run. Settings (environment):
+# port); otherwise one after the other. At once, the two runs share one host, and the
+# compressed run's training phases have measured 3-9% slower than the dense run's same
+# work (docs/benchmarks.md), so the ratio is a lower bound: AT_ONCE=0 runs them one after
+# the other on GPU 0, with nothing beside them. RUNS=sparse, then RUNS=dense later,
+# splits the pair over two jobs (each under a time limit); the ratio is printed once
+# both runs' metrics are in ROOT. Nothing but the shape is set: the memory plan chooses
+# the rest, as for any run. Settings (environment):
 #   CONFIG    qwen3b_rkv
 #   MODEL     a shape name for random weights, or an HF directory (qwen2.5-3b)
 #   DATA      a prompt file (data/simplelr_qwen_level3to5.jsonl)
@@ -22,12 +27,18 @@
 #   ROOT      run folders and logs (/tmp/dense_vs_sparse)
 #   LIMIT_S   seconds a run may take (0: no limit)
 #   EXTRA     more train.py flags for both runs
+#   RUNS      which runs to start now ("sparse dense"); the others' results are read from ROOT
+#   AT_ONCE   1: both at once where there are two GPUs (default); 0: one after the other
 case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-qwen3b_rkv}; MODEL=${MODEL:-qwen2.5-3b}; LEN=${LEN:-4096}
 PROMPTS=${PROMPTS:-32}; ROLLOUTS=${ROLLOUTS:-2}; ROOT=${ROOT:-/tmp/dense_vs_sparse}
 DATA=${DATA:-data/simplelr_qwen_level3to5.jsonl}; LIMIT_S=${LIMIT_S:-0}
+RUNS=${RUNS:-sparse dense}; AT_ONCE=${AT_ONCE:-1}
+for name in $RUNS; do
+    case $name in sparse|dense) ;; *) echo "RUNS: '$name' is not sparse or dense" >&2; exit 2 ;; esac
+done
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 STEP_SAMPLES=$(python3 -c "from minisparse.config.load import load_config as l; c = l('$CONFIG')
@@ -45,18 +56,26 @@ run() {  # name gpu port [--set ...]: one train.py run into $ROOT/name
         --set output_dir="$ROOT/$name" ${EXTRA:-} "$@" > "$ROOT/$name.log" 2>&1
     echo "$name: exit $? (log $ROOT/$name.log)"
 }
-if [ "$GPUS" -ge 2 ]; then
-    run sparse 0 29631 & run dense 1 29632 --set compress.algorithm=none & wait
+start() {  # name gpu: the compressed run, or the dense one (no old figures left behind)
+    rm -f "$ROOT/$1/metrics.jsonl"
+    case $1 in
+        sparse) run sparse "$2" 29631 ;;
+        dense) run dense "$2" 29632 --set compress.algorithm=none ;;
+    esac
+}
+if [ "$GPUS" -ge 2 ] && [ "$AT_ONCE" = 1 ] && [ "$RUNS" = "sparse dense" ]; then
+    start sparse 0 & start dense 1 & wait
 else
-    run sparse 0 29631; run dense 0 29632 --set compress.algorithm=none
+    for name in $RUNS; do start "$name" 0; done
 fi
 for name in sparse dense; do
     echo "=== $name"
+    [ -f "$ROOT/$name.log" ] || { echo "not run yet (RUNS=$name, same ROOT)"; continue; }
     grep -E "^  (rollout|chosen)|^rollout KV cache" "$ROOT/$name.log" | cut -c1-200
     [ -f "$ROOT/$name/metrics.jsonl" ] && python3 scripts/phase_table.py \
         "$ROOT/$name/metrics.jsonl" --prefix perf/ --key compress/peak_cache_tokens_mean | tail -30
 done
-python3 - "$ROOT" <<'PY'
+python3 - "$ROOT" "$RUNS" <<'PY'
 import json, sys
 from pathlib import Path
 last = {}
@@ -65,8 +84,13 @@ for name in ("sparse", "dense"):
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     if rows:
         last[name] = rows[-1]
+failed = [name for name in sys.argv[2].split() if name not in last]
+if failed:
+    sys.exit(f"no step-time ratio: {' and '.join(failed)} did not finish a rollout (see its log)")
 if len(last) < 2:
-    sys.exit("no step-time ratio: a run did not finish a rollout (see its log)")
+    later = "dense" if "sparse" in last else "sparse"
+    print(f"no step-time ratio yet: RUNS={later} with the same ROOT adds the other run")
+    sys.exit(0)
 s, d = last["sparse"], last["dense"]
 print(f"rollout {s['rollout']}: step dense {d['time/step_s']:.1f} s, compressed "
       f"{s['time/step_s']:.1f} s: dense / compressed {d['time/step_s'] / s['time/step_s']:.2f}x "

@@ -32,6 +32,7 @@
 #   --grace-s S        GRACE_S     after TRAIN_S, seconds to finish the rollout and save [90]
 #   --root DIR         ROOT        where the runs go [outputs/ablation]
 #   --kv-gb G          KV_GB       each run's rollout KV pool in GiB [1]
+#   --micro-tokens N   MICRO_TOKENS  max_tokens_per_gpu of every run [2048]
 #   --pack FILE        PACK        on exit, a .tgz of ROOT without checkpoints and TensorBoard
 #   --port N           PORT        first MASTER_PORT; run i takes PORT + i [29600]
 #   --dry-run                      print each run's command and exit
@@ -48,6 +49,7 @@ TRAIN_S=${TRAIN_S:-450}
 GRACE_S=${GRACE_S:-90}
 ROOT=${ROOT:-outputs/ablation}
 KV_GB=${KV_GB:-1}
+MICRO_TOKENS=${MICRO_TOKENS:-2048}  # small micro-batches: a dozen runs' activations on one GPU
 PACK=${PACK:-}
 PORT=${PORT:-29600}
 BASE=${BASE:-checkpoints/smollm2-135m-instruct}
@@ -62,6 +64,7 @@ while [ $# -gt 0 ]; do
         --grace-s) GRACE_S=$2; shift ;;
         --root) ROOT=$2; shift ;;
         --kv-gb) KV_GB=$2; shift ;;
+        --micro-tokens) MICRO_TOKENS=$2; shift ;;
         --pack) PACK=$2; shift ;;
         --port) PORT=$2; shift ;;
         --dry-run) DRY=1 ;;
@@ -71,7 +74,7 @@ while [ $# -gt 0 ]; do
 done
 SEEDS=${SEEDS//,/ }
 VARIANTS=${VARIANTS//,/ }
-for n in "$ROLLOUTS" "$EVAL_EVERY" "$TRAIN_S" "$GRACE_S" "$PORT" $SEEDS; do
+for n in "$ROLLOUTS" "$EVAL_EVERY" "$TRAIN_S" "$GRACE_S" "$PORT" "$MICRO_TOKENS" $SEEDS; do
     [[ $n =~ ^[0-9]+$ ]] || { echo "smollm2_ablation.sh: '$n' is not a whole number" >&2; exit 2; }
 done
 
@@ -119,7 +122,8 @@ train() {  # name gpu port seed variant
     local cmd="python train.py $(variant_args "$5") --set output_dir=$ROOT/$name"
     cmd+=" --set seed=$seed --set num_rollout=$ROLLOUTS --set eval_interval=$EVAL_EVERY"
     cmd+=" --set save_interval=$EVAL_EVERY --set save_total_limit=1"
-    cmd+=" --set engine.kv_memory_gb=$KV_GB --set model.path=$BASE ${EXTRA:-}"
+    cmd+=" --set engine.kv_memory_gb=$KV_GB --set max_tokens_per_gpu=$MICRO_TOKENS"
+    cmd+=" --set model.path=$BASE ${EXTRA:-}"
     if [ $DRY = 1 ]; then
         echo "CUDA_VISIBLE_DEVICES=$gpu MASTER_PORT=$port $cmd"
         return

@@ -18,7 +18,8 @@ def test_help_names_every_option():
     res = _run("--help")
     assert res.returncode == 0
     for option in ("--seeds", "--variants", "--rollouts", "--eval-every", "--train-s",
-                   "--grace-s", "--root", "--kv-gb", "--pack", "--port", "--dry-run"):
+                   "--grace-s", "--root", "--kv-gb", "--micro-tokens", "--pack", "--port",
+                   "--dry-run"):
         assert option in res.stdout
 
 
@@ -35,7 +36,7 @@ def test_dry_run_starts_every_seed_of_every_variant_on_its_own_port(tmp_path):
                      for v in ("dense", "rkv_naive", "rkv_keep_prompt")]
     for line in lines:
         assert "--set num_rollout=30 --set eval_interval=5 --set save_interval=5" in line
-        assert "--set engine.kv_memory_gb=1 " in line
+        assert "--set engine.kv_memory_gb=1 --set max_tokens_per_gpu=2048 " in line
     assert "--config smollm2_dense" in lines[0] and "seed=1" in lines[0]
     assert "--config smollm2_rkv --set loss.use_tis=false" in lines[1]
     assert "--config smollm2_rkv --set compress.keep_prompt=true" in lines[2]
@@ -44,10 +45,11 @@ def test_dry_run_starts_every_seed_of_every_variant_on_its_own_port(tmp_path):
 
 def test_environment_sets_what_flags_set(tmp_path):
     res = _run("--dry-run", "--root", str(tmp_path), SEEDS="7", VARIANTS="snapkv",
-               EXTRA="--set optim.lr=2e-5")
+               MICRO_TOKENS="4096", EXTRA="--set optim.lr=2e-5")
     assert res.returncode == 0, res.stderr
     [line] = res.stdout.splitlines()
     assert "--config smollm2_snapkv" in line and "seed=7" in line
+    assert "--set max_tokens_per_gpu=4096 " in line
     assert line.endswith("--set optim.lr=2e-5")
 
 
@@ -56,6 +58,8 @@ def test_bad_options_exit_2_naming_them(tmp_path):
     assert res.returncode == 2 and "unknown variant 'h2o'" in res.stderr
     res = _run("--dry-run", "--rollouts", "ten", "--root", str(tmp_path))
     assert res.returncode == 2 and "'ten' is not a whole number" in res.stderr
+    res = _run("--dry-run", "--micro-tokens", "2k", "--root", str(tmp_path))
+    assert res.returncode == 2 and "'2k' is not a whole number" in res.stderr
     res = _run("--seed", "1")
     assert res.returncode == 2 and "unknown option --seed" in res.stderr
 

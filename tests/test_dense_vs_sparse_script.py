@@ -12,7 +12,8 @@ SCRIPT = REPO / "scripts" / "dense_vs_sparse.sh"
 def test_help_names_its_settings():
     res = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True)
     assert res.returncode == 0
-    for name in ("CONFIG", "MODEL", "DATA", "LEN", "PROMPTS", "ROLLOUTS", "ROOT", "LIMIT_S"):
+    for name in ("CONFIG", "MODEL", "DATA", "LEN", "PROMPTS", "ROLLOUTS", "ROOT", "LIMIT_S",
+                 "RUNS", "AT_ONCE"):
         assert name in res.stdout
 
 
@@ -32,3 +33,30 @@ def test_tiny_pair_prints_both_runs_and_the_ratio(tmp_path):
         assert (tmp_path / name / "metrics.jsonl").read_text().count("\n") == 1
     dense_log = (tmp_path / "dense.log").read_text()
     assert "dense (no compression)" in dense_log and "R-KV" in (tmp_path / "sparse.log").read_text()
+
+
+def test_pair_split_over_two_commands(tmp_path):
+    """RUNS=sparse now and RUNS=dense later (two jobs under a time limit): the first
+    prints no ratio and succeeds, the second reads the first's metrics for the ratio."""
+    env = {**os.environ, "CONFIG": "tiny_rkv", "MODEL": "tiny", "DATA": "synthetic",
+           "LEN": "64", "PROMPTS": "2", "ROLLOUTS": "1", "ROOT": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    first = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env={**env, "RUNS": "sparse"},
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert "sparse: exit 0" in first.stdout and "dense: exit" not in first.stdout
+    assert "not run yet (RUNS=dense" in first.stdout
+    assert "no step-time ratio yet: RUNS=dense" in first.stdout
+    second = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env={**env, "RUNS": "dense"},
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "sparse: exit" not in second.stdout and "dense: exit 0" in second.stdout
+    assert second.stdout.count("--- rollout 1") == 2
+    assert "dense / compressed" in second.stdout
+
+
+def test_bad_runs_value_exits_2_naming_it(tmp_path):
+    env = {**os.environ, "RUNS": "sparse h2o", "ROOT": str(tmp_path)}
+    res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and "RUNS: 'h2o' is not sparse or dense" in res.stderr
