@@ -39,6 +39,7 @@ RUNS=${RUNS:-sparse dense}; AT_ONCE=${AT_ONCE:-1}
 for name in $RUNS; do
     case $name in sparse|dense) ;; *) echo "RUNS: '$name' is not sparse or dense" >&2; exit 2 ;; esac
 done
+case $AT_ONCE in 0|1) ;; *) echo "AT_ONCE: '$AT_ONCE' is not 0 or 1" >&2; exit 2 ;; esac
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 STEP_SAMPLES=$(python3 -c "from minisparse.config.load import load_config as l; c = l('$CONFIG')
@@ -92,6 +93,9 @@ if len(last) < 2:
     print(f"no step-time ratio yet: RUNS={later} with the same ROOT adds the other run")
     sys.exit(0)
 s, d = last["sparse"], last["dense"]
+if s["rollout"] != d["rollout"]:
+    sys.exit(f"no step-time ratio: the runs' last rollouts differ (compressed {s['rollout']}, "
+             f"dense {d['rollout']}): run both with the same ROLLOUTS")
 print(f"rollout {s['rollout']}: step dense {d['time/step_s']:.1f} s, compressed "
       f"{s['time/step_s']:.1f} s: dense / compressed {d['time/step_s'] / s['time/step_s']:.2f}x "
       f"(rollout {d['time/rollout_s'] / s['time/rollout_s']:.2f}x)")

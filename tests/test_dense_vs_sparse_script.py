@@ -37,7 +37,8 @@ def test_tiny_pair_prints_both_runs_and_the_ratio(tmp_path):
 
 def test_pair_split_over_two_commands(tmp_path):
     """RUNS=sparse now and RUNS=dense later (two jobs under a time limit): the first
-    prints no ratio and succeeds, the second reads the first's metrics for the ratio."""
+    prints no ratio and succeeds, the second reads the first's metrics for the ratio; a
+    dense run of more rollouts gets none."""
     env = {**os.environ, "CONFIG": "tiny_rkv", "MODEL": "tiny", "DATA": "synthetic",
            "LEN": "64", "PROMPTS": "2", "ROLLOUTS": "1", "ROOT": str(tmp_path),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
@@ -53,10 +54,19 @@ def test_pair_split_over_two_commands(tmp_path):
     assert "sparse: exit" not in second.stdout and "dense: exit 0" in second.stdout
     assert second.stdout.count("--- rollout 1") == 2
     assert "dense / compressed" in second.stdout
+    third = subprocess.run(["bash", str(SCRIPT)], cwd=REPO,
+                           env={**env, "RUNS": "dense", "ROLLOUTS": "2"},
+                           capture_output=True, text=True, timeout=300)
+    assert third.returncode == 1 and "dense / compressed" not in third.stdout
+    assert "last rollouts differ (compressed 1, dense 2)" in third.stderr
 
 
-def test_bad_runs_value_exits_2_naming_it(tmp_path):
+def test_bad_settings_exit_2_naming_them(tmp_path):
     env = {**os.environ, "RUNS": "sparse h2o", "ROOT": str(tmp_path)}
     res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "RUNS: 'h2o' is not sparse or dense" in res.stderr
+    env = {**os.environ, "AT_ONCE": "yes", "ROOT": str(tmp_path)}
+    res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and "AT_ONCE: 'yes' is not 0 or 1" in res.stderr
