@@ -67,6 +67,7 @@ VARIANTS = {
     "flash_attn": Variant(attention="flash_attn"),
 }
 DEFAULT_VARIANTS = "before,default"
+KERNELS = fused_logprobs.KERNELS  # train.py's head kernels; a "torch" variant sets None
 
 
 def synthetic_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed: int) -> RolloutBatch:
@@ -126,9 +127,6 @@ def compare_logprobs(run: train.Run, batch: RolloutBatch, names: list[str], n: i
             ref = logp
         out[name] = ((logp - ref).norm() / ref.norm()).item()
     return out
-
-
-KERNELS = fused_logprobs.KERNELS
 
 
 def run_variant(run: train.Run, batch: RolloutBatch, name: str) -> dict:

@@ -9,6 +9,13 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "dense_vs_sparse.sh"
 
 
+def _tiny_env(root: Path) -> dict[str, str]:
+    """The script on the tiny model: a compressed and a dense run of seconds each."""
+    return {**os.environ, "CONFIG": "tiny_rkv", "MODEL": "tiny", "DATA": "synthetic",
+            "LEN": "64", "PROMPTS": "2", "ROLLOUTS": "1", "ROOT": str(root),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+
 def test_help_names_its_settings():
     res = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True)
     assert res.returncode == 0
@@ -18,9 +25,7 @@ def test_help_names_its_settings():
 
 
 def test_tiny_pair_prints_both_runs_and_the_ratio(tmp_path):
-    env = {**os.environ, "CONFIG": "tiny_rkv", "MODEL": "tiny", "DATA": "synthetic",
-           "LEN": "64", "PROMPTS": "2", "ROLLOUTS": "1", "ROOT": str(tmp_path),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = _tiny_env(tmp_path)
     res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -39,9 +44,7 @@ def test_pair_split_over_two_commands(tmp_path):
     """RUNS=sparse now and RUNS=dense later (two jobs under a time limit): the first
     prints no ratio and succeeds, the second reads the first's metrics for the ratio; a
     dense run of more rollouts gets none."""
-    env = {**os.environ, "CONFIG": "tiny_rkv", "MODEL": "tiny", "DATA": "synthetic",
-           "LEN": "64", "PROMPTS": "2", "ROLLOUTS": "1", "ROOT": str(tmp_path),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = _tiny_env(tmp_path)
     first = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env={**env, "RUNS": "sparse"},
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]

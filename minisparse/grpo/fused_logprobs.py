@@ -75,6 +75,12 @@ def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc += (a @ b).to(acc.dtype)
 
 
+def _logits_buffer(hidden: torch.Tensor, weight: torch.Tensor, chunk: int) -> torch.Tensor | None:
+    """One chunk's logits, reused by every chunk of a pass (None for no rows)."""
+    n = hidden.shape[0]
+    return hidden.new_empty(min(chunk, n), weight.shape[0]) if n else None
+
+
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor,
                   buf: torch.Tensor | None) -> torch.Tensor:
     """hidden @ weight.T, into buf's first rows when given (one allocation for all chunks)."""
@@ -96,7 +102,7 @@ class ChunkedLogprobs(torch.autograd.Function):
         lse = torch.empty(n, dtype=dtype, device=hidden.device)
         logp = torch.empty(n, dtype=dtype, device=hidden.device)
         ent = torch.empty(n if with_entropy else 0, dtype=dtype, device=hidden.device)
-        buf = hidden.new_empty(min(chunk, n), weight.shape[0]) if kernels and n else None
+        buf = _logits_buffer(hidden, weight, chunk) if kernels else None
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
             if kernels:
@@ -124,7 +130,7 @@ class ChunkedLogprobs(torch.autograd.Function):
         if need_w:
             grad_w = torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, torch.float32))
         n = hidden.shape[0]
-        buf = hidden.new_empty(min(chunk, n), weight.shape[0]) if kernels and n else None
+        buf = _logits_buffer(hidden, weight, chunk) if kernels else None
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
             g_logp = None if grad_logp is None else grad_logp[s:e]
