@@ -45,6 +45,8 @@ from minisparse.grpo.memory_estimate import (GIB, Setup, all_or_none, backward_p
 from minisparse.grpo.metric import Max
 
 HEADROOM = 0.08  # of the GPU's memory, kept free
+# GPU memory in use by other processes at start worth naming (a CUDA context is ~0.5 GiB)
+ELSEWHERE = 2 * GIB
 PHASES = ("rollout", "logprobs", "update")
 # (gradient checkpointing, optimizer offload), the faster first
 OPTIONS = ((False, False), (True, False), (False, True), (True, True))
@@ -160,11 +162,14 @@ def gpu_capacity(cfg: Config, device: torch.device) -> tuple[int, str] | None:
     setting = int(cfg.gpu_memory_gb * GIB)
     if device.type != "cuda":
         return (setting, f"gpu_memory_gb={cfg.gpu_memory_gb:g}") if setting else None
-    free, _ = torch.cuda.mem_get_info(device)
+    free, total = torch.cuda.mem_get_info(device)
     capacity = free + torch.cuda.memory_reserved(device)
+    name = torch.cuda.get_device_name(device)
+    if total - capacity > ELSEWHERE:  # a planned run sized for less, and says why
+        name += f" ({_gib(total - capacity)} of its {_gib(total)} GiB in use elsewhere)"
     if setting:
         capacity = min(capacity, setting)
-    return capacity, torch.cuda.get_device_name(device)
+    return capacity, name
 
 
 def _allowed(value: str, option: bool) -> bool:

@@ -55,14 +55,19 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return groups
 
 
+def overlaps_reduction(on_gpu: bool, world: int, zero_stage: int) -> bool:
+    """Whether DeepSpeed overlaps gradient reduction with the backward: it pays only where
+    there is a reduction (several ranks), and DeepSpeed allows it only at stages 2 and 3
+    when gradient accumulation is unmanaged, as here. It then double-buffers the gradient
+    bucket, which the memory estimate counts."""
+    return on_gpu and world > 1 and zero_stage >= 2
+
+
 def deepspeed_config(cfg: Config, on_gpu: bool, world: int = 1) -> dict[str, Any]:
     zero: dict[str, Any] = {
         "stage": cfg.zero_stage,
         "contiguous_gradients": True,
-        # Overlapping gradient reduction with the backward pays only where there is a
-        # reduction (several ranks); DeepSpeed allows it only at stages 2 and 3 when
-        # gradient accumulation is unmanaged, as here.
-        "overlap_comm": on_gpu and world > 1 and cfg.zero_stage >= 2,
+        "overlap_comm": overlaps_reduction(on_gpu, world, cfg.zero_stage),
     }
     if cfg.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True

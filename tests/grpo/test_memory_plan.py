@@ -15,11 +15,11 @@ from minisparse.config.load import load_config
 from minisparse.config.schema import ConfigError
 from minisparse.grpo.attention import packing_kwargs, use_attention
 from minisparse.grpo.memory import rollout_memory, train_memory
-from minisparse.grpo.memory_estimate import (GIB, activations, backward_peak, kv_tokens,
-                                             per_token_layer, rollout_kv_need, setup_of,
-                                             shape_of, step_peak)
-from minisparse.grpo.memory_plan import (batch_peaks, comparison_line, make_plan, not_planned,
-                                         plan_errors)
+from minisparse.grpo.memory_estimate import (GIB, activations, backward_peak, first_flush_share,
+                                             gradient_buckets, kv_tokens, per_token_layer,
+                                             rollout_kv_need, setup_of, shape_of, step_peak)
+from minisparse.grpo.memory_plan import (batch_peaks, comparison_line, gpu_capacity, make_plan,
+                                         not_planned, plan_errors)
 from minisparse.models.checkpointing import checkpoint_layers, checkpointed_count
 from minisparse.models.liger import liger_available, use_liger_kernel
 from minisparse.models.loading import shape_config
@@ -151,6 +151,31 @@ def test_qwen3b_sizes_by_hand(qwen3b):
     assert step_peak(s, adam=False) == 20 * qwen3b.params
     # one 8,352-token sequence, no checkpointing: 8352 x 36 x 91,720 = 27,577,635,840 bytes
     assert activations(s, 8352, False) == 27_577_635_840
+
+
+def test_qwen7b_on_two_gpus_by_hand():
+    """Qwen2.5-7B (P = 7,614,699,008, LM head untied: V x H = 544,538,624 elements) under
+    ZeRO 2 on two GPUs, 8,192-token micro-batches, no checkpointing. The head's gradient is
+    the backward's first and alone fills DeepSpeed's 5e8-element bucket, so the first flush
+    comes before any layer's activations are freed; with two ranks DeepSpeed overlaps the
+    reduction and double-buffers the bucket. State 2P + 12P/2 (56.73 GiB) + the previous
+    micro-batch's gradients P (7.09) + activations 8192 x 28 x 158,840 (33.93) + the new
+    partition (7.09) + two buckets of 1e9 bytes (1.86) + the head's gradient 2VH (1.01) +
+    one layer's work 8192 x 2 x (18944 + 7168) (0.40) = 108.12 GiB: measured 107.91 on two
+    H200s (was planned 104.6 when the first flush was taken to free 2.15 layers and one
+    bucket was counted)."""
+    cfg = load_config("qwen7b_rkv", ["data.max_prompt_len=160", "rollout_batch_size=64",
+                                     "global_batch_size=128"])
+    m = shape_of(shape_config("qwen2.5-7b"))
+    s = setup_of(cfg, m, 2, liger=True)
+    assert (m.params, m.tied, m.vocab * m.hidden) == (7_614_699_008, False, 544_538_624)
+    assert per_token_layer(s) == 158_840 and first_flush_share(s) == 0
+    assert gradient_buckets(s) == 2 and gradient_buckets(setup_of(cfg, m, 1, True)) == 1
+    assert backward_peak(s, 8192, 0, False) == 116_097_970_176
+    assert round(backward_peak(s, 8192, 0, False) / GIB, 2) == 108.12
+    # a tied head (Qwen2.5-3B) comes last: 5e8 / (36 x 77,070,336) of the layers are done
+    _, s3 = _setup(shape_of(shape_config("qwen2.5-3b")))
+    assert round(first_flush_share(s3), 4) == 0.1802
 
 
 @pytest.mark.parametrize("response,tokens,layers,without", [
@@ -394,3 +419,22 @@ def test_tiny_run_with_a_planned_gpu(tmp_path):
     assert plan["planned"] and plan["update_tokens"] == plan["logprob_tokens"] == 2048
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert 0 < row["memory_plan/update_gib"] < row["memory_plan/rollout_gib"] < 1
+
+
+def test_memory_in_use_elsewhere_is_named(monkeypatch):
+    """A GPU another process still holds memory on (a killed run still exiting, a
+    neighbour's job) is planned for what is free, and the plan's first line says so: the
+    rollout's KV pool is sized again from what is free when it starts."""
+    cfg = load_config("tiny_rkv")
+    cuda = torch.cuda
+    free = {"now": 97 * GIB}
+    monkeypatch.setattr(cuda, "mem_get_info", lambda device: (free["now"], 140 * GIB))
+    monkeypatch.setattr(cuda, "memory_reserved", lambda device: GIB)
+    monkeypatch.setattr(cuda, "get_device_name", lambda device: "NVIDIA H200")
+    capacity, name = gpu_capacity(cfg, torch.device("cuda", 0))
+    assert capacity == 98 * GIB
+    assert name == "NVIDIA H200 (42.0 of its 140.0 GiB in use elsewhere)"
+    free["now"] = 138 * GIB + GIB // 2  # the CUDA context alone: nothing to name
+    assert gpu_capacity(cfg, torch.device("cuda", 0)) == (139 * GIB + GIB // 2, "NVIDIA H200")
+    capped = load_config("tiny_rkv", ["gpu_memory_gb=80"])
+    assert gpu_capacity(capped, torch.device("cuda", 0))[0] == 80 * GIB
