@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -118,3 +120,67 @@ def test_visiting_moves_in_and_home_without_copying_back():
     assert not model.weight.is_cuda and model.weight.data.data_ptr() == home
     torch.testing.assert_close(model.weight.data, before)
     torch.testing.assert_close(y, model(x))
+
+
+def _zero_worker(rank: int, init_file: str, stage: int, out_dir: str) -> None:
+    """Two optimizer steps of 3 micro-batches each (different tokens on each rank),
+    counting the all-reduces DeepSpeed makes before each step."""
+    import torch.distributed as tdist
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from minisparse.config.load import load_config
+    from minisparse.grpo.optim import build_train_engine
+
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")  # as torchrun
+    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        cfg = load_config("tiny_rkv", [f"zero_stage={stage}", "optim.lr=1e-2",
+                                       "model.dtype=float32"])
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(Qwen2Config(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, tie_word_embeddings=False),
+            dtype=torch.float32)
+        engine = build_train_engine(model, cfg, 10, torch.device("cpu"))
+        calls, plain = [], tdist.all_reduce
+        tdist.all_reduce = lambda *a, **k: calls.append(1) or plain(*a, **k)
+        before_step = []
+        tokens = torch.Generator().manual_seed(100 + rank)
+        for _ in range(2):
+            for _ in range(3):
+                ids = torch.randint(0, 256, (1, 24), generator=tokens)
+                loss = engine.module(input_ids=ids).logits.square().mean()
+                engine.backward(loss, scale_wrt_gas=False)
+                before_step.append(len(calls))
+            engine.step()
+        tdist.all_reduce = plain
+        weights = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
+        torch.save({"weights": weights, "before_step": before_step},
+                   f"{out_dir}/zero{stage}_rank{rank}.pt")
+    finally:
+        tdist.destroy_process_group()
+
+
+def test_zero_1_and_2_train_alike_and_differ_in_when_they_reduce(tmp_path):
+    """With our unmanaged gradient accumulation (a backward per micro-batch, a step per
+    optimizer step), ZeRO 2 reduces the gradients across ranks after every micro-batch and
+    ZeRO 1 once, at the step: the same weights for 2/3 of the reductions fewer here. On
+    several GPUs that per-micro-batch reduction is what a 3B update pays over one GPU's
+    same work (docs/benchmarks.md)."""
+    import torch.multiprocessing as mp
+
+    results = {}
+    for stage in (1, 2):
+        init = tmp_path / f"init{stage}"
+        mp.spawn(_zero_worker, args=(str(init), stage, str(tmp_path)), nprocs=2)
+        results[stage] = [torch.load(tmp_path / f"zero{stage}_rank{r}.pt") for r in (0, 1)]
+    for stage in (1, 2):  # both ranks hold the same weights after the steps
+        torch.testing.assert_close(results[stage][0]["weights"], results[stage][1]["weights"])
+    torch.testing.assert_close(results[1][0]["weights"], results[2][0]["weights"],
+                               rtol=0, atol=1e-4)
+    assert not torch.equal(results[1][0]["weights"][:8], torch.zeros(8))
+    # all-reduces made by the end of each micro-batch's backward: none for ZeRO 1 until its
+    # step, one per micro-batch for ZeRO 2 (this small model's gradients fill one bucket)
+    zero1, zero2 = results[1][0]["before_step"], results[2][0]["before_step"]
+    assert zero1[:3] == [0, 0, 0] and zero1[3] == zero1[4] == zero1[5]
+    assert zero2[:3] == [1, 2, 3] and zero2[4] - zero2[3] == zero2[5] - zero2[4] == 1
