@@ -135,8 +135,21 @@ def _save_tiny(target: Path) -> None:
         model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(target)
+    _save_on_any_rank(model, target)
     tokenizer.save_pretrained(target)
+
+
+def _save_on_any_rank(model, target: Path) -> None:
+    """The model's files in HF's layout, written by whichever process builds them. Under
+    torchrun, model.save_pretrained writes nothing on ranks other than 0 (transformers
+    saves on rank 0 alone once torch.distributed is up); a rank that built the cache
+    first then moved a directory without weights or config.json into place, and every
+    rank after it failed to load."""
+    from safetensors.torch import save_model
+
+    model.config.save_pretrained(target)
+    model.generation_config.save_pretrained(target)
+    save_model(model, str(target / "model.safetensors"), metadata={"format": "pt"})
 
 
 def default_cache_root() -> Path:

@@ -120,3 +120,33 @@ def test_shape_model_materialises_with_sane_init(monkeypatch):
 def test_load_policy_missing_dir_names_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         load_policy(str(tmp_path / "nope"))
+
+
+def _build_on_rank(rank: int, init_file: str, root: str) -> None:
+    """Each of two gloo ranks builds the tiny model into a cache of its own."""
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        build_tiny(f"{root}/rank{rank}")
+    finally:
+        tdist.destroy_process_group()
+
+
+def test_build_tiny_under_torchrun_on_any_rank(tiny_path, tmp_path):
+    """transformers saves a model on rank 0 alone once torch.distributed is up: a cache
+    built by another rank (`torchrun --nproc_per_node 2 train.py --config tiny_rkv` on a
+    fresh machine, whichever rank renames its build into place first) lacked weights and
+    config.json, and every rank failed to load it."""
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+
+    mp.spawn(_build_on_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    want = load_file(tiny_path / "model.safetensors")
+    for rank in (0, 1):
+        built = tmp_path / f"rank{rank}" / tiny_path.name
+        assert sorted(p.name for p in built.iterdir()) == sorted(p.name for p in tiny_path.iterdir())
+        got = load_file(built / "model.safetensors")
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+        config = json.loads((built / "config.json").read_text())
+        assert config["model_type"] == "qwen2" and config["tie_word_embeddings"]
