@@ -1,4 +1,5 @@
-"""Times train.py's log-prob and update phases for several variants, in one process.
+"""Times train.py's log-prob and update phases for several variants, in one process a GPU
+(torchrun --nproc_per_node N for ZeRO across N ranks; rank 0 reports).
 
     python scripts/bench_train_phases.py --config qwen3b_rkv --set model.path=qwen2.5-3b \
         --samples 128 --response-len 1024 --repeats 2
@@ -8,11 +9,11 @@ synthetic rollout batch shaped like a random-weight rollout (every response runs
 --response-len), then train.py's own `logprob_phase` and `update_phase` (with `phase`
 timing and memory, and `perf_metrics`) for each variant, each run --repeats times on
 the same batch. A variant sets the training attention (model.attention), the update's
-micro-batch budget (max_tokens_per_gpu), gradient checkpointing ("plan": what the memory
-plan chooses on this GPU for that budget, "all" or "none") and the LM head's softmax
-work: "kernels" (train.py's Triton kernels) or "torch" (the PyTorch ops, the CPU path).
-`default` is train.py as it runs
-(attention auto: flash-attn-4 where it runs, else torch's varlen kernel; each row names
+micro-batch budget (max_tokens_per_gpu), the log-prob passes' (the plan's
+logprob_tokens), gradient checkpointing ("plan": what the memory plan chooses on this
+GPU for that budget, "all" or "none") and the LM head's softmax work: "kernels"
+(train.py's Triton kernels) or "torch" (the PyTorch ops, the CPU path). `default` is
+train.py as it runs (attention auto: flash-attn-4 where it runs, else torch's varlen kernel; each row names
 the one that ran). Before any update, the old log-probs of the first variant and each
 other one are compared on the same weights (relative L2 over response tokens).
 The rollout, reward and swap phases are left out: no engine is built.
@@ -52,6 +53,7 @@ from minisparse.models.loading import load_policy  # noqa: E402
 class Variant:
     attention: str = "auto"
     max_tokens: int = 8192  # the update's micro-batch budget (max_tokens_per_gpu)
+    logprob_tokens: int = 0  # the log-prob passes' budget; 0: max_tokens
     checkpointing: str = "plan"  # "plan" (the memory plan's layers), "all" or "none"
     head: str = "kernels"  # "kernels" or "torch": the fused LM head's softmax work
 
@@ -62,6 +64,8 @@ VARIANTS = {
     # the trainer before the head kernels and the planned checkpointing
     "before": Variant(max_tokens=16384, checkpointing="all", head="torch"),
     "kernels_all": Variant(max_tokens=16384, checkpointing="all"),
+    "lp_16k": Variant(logprob_tokens=16384),
+    "lp_32k": Variant(logprob_tokens=32768),
     "no_ckpt": Variant(checkpointing="none"),
     "torch_varlen": Variant(attention="varlen"),
     "flash_attn": Variant(attention="flash_attn"),
@@ -104,7 +108,8 @@ def apply_variant(run: train.Run, name: str) -> str:
         run.plan = not_planned(cfg)
     layers = {"plan": run.plan.checkpointed_layers if run.plan.gradient_checkpointing else 0,
               "all": None, "none": 0}[v.checkpointing]
-    run.plan.logprob_tokens = run.plan.update_tokens = v.max_tokens
+    run.plan.update_tokens = v.max_tokens
+    run.plan.logprob_tokens = v.logprob_tokens or v.max_tokens
     words = use_attention(module, v.attention)
     if run.ref_model is not None:  # kept on the CPU: it takes the policy's choice as is
         run.ref_model.set_attn_implementation(module.config._attn_implementation)
@@ -142,6 +147,8 @@ def run_variant(run: train.Run, batch: RolloutBatch, name: str) -> dict:
 
 def build(cfg) -> train.Run:
     device = dist.init_distributed()
+    if dist.rank():  # every rank runs the phases (their collectives need it); one reports
+        sys.stdout = open(os.devnull, "w")
     policy, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     print("training passes:", use_liger_kernel(policy, cfg.model.liger_kernel,
                                                device.type == "cuda"), flush=True)
@@ -197,7 +204,7 @@ def main() -> None:
             results["runs"].append({"variant": name, "repeat": rep, **m})
             print(name, rep, m.get("attention", ""), {k: round(v, 3) for k, v in m.items()
                   if k.startswith(("time/", "perf/", "mem/update", "mem/logprobs"))}, flush=True)
-    if args.json:
+    if args.json and not dist.rank():
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     print_table(results["runs"])

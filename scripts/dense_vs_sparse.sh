@@ -5,7 +5,7 @@
 #
 #   bash scripts/dense_vs_sparse.sh                            # qwen3b_rkv, 3B shape, 4k, 256 samples
 #   LEN=8192 bash scripts/dense_vs_sparse.sh                    # 8,192 new tokens
-#   LEN=16384 PROMPTS=12 bash scripts/dense_vs_sparse.sh        # 96 samples of 16k
+#   LEN=16384 PROMPTS=16 bash scripts/dense_vs_sparse.sh        # 128 samples of 16k
 #   CONFIG=tiny_rkv MODEL=tiny DATA=synthetic LEN=64 PROMPTS=2 ROLLOUTS=1 \
 #       bash scripts/dense_vs_sparse.sh                         # a CPU check, seconds
 #

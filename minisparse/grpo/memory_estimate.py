@@ -231,6 +231,13 @@ def gradient_buckets(s: Setup) -> int:
     return 2 if s.zero_stage == 2 and overlaps_reduction(True, s.world, s.zero_stage) else 1
 
 
+def reduction_bucket(s: Setup) -> int:
+    """ZeRO 1's gradient bucket: DeepSpeed's gradient hooks make it at the first backward
+    (contiguous_gradients), and the step's one reduction runs through it; without ZeRO
+    there is none. ZeRO 2 and 3 count theirs where they flush (gradient_buckets)."""
+    return s.dtype_bytes * min(BUCKET, s.shape.params) if s.zero_stage == 1 else 0
+
+
 def freed_at_first_flush(s: Setup, tokens: int, checkpointed: int) -> int:
     """Activations the backward has freed when the gradient bucket first fills: the last
     layers' (the backward's first), which are the ones not checkpointed."""
@@ -251,7 +258,7 @@ def backward_peak(s: Setup, tokens: int, checkpointed: int, offload: bool,
     grads = gradients(s)
     start = acts + head_backward(s, tokens)
     if s.zero_stage < 2:  # gradients accumulate in place, in the parameters' .grad
-        return state + grads + start
+        return state + grads + start + reduction_bucket(s)
     flush = (acts - freed_at_first_flush(s, tokens, checkpointed) + grads
              + gradient_buckets(s) * b * min(BUCKET, m.params) + b * m.vocab * m.hidden
              + tokens * b * (m.intermediate + 2 * m.hidden))

@@ -38,7 +38,7 @@ def test_qwen3b_rkv_has_paper_settings():
     assert (c.num_rollout, c.rollout_batch_size, c.n_samples_per_prompt) == (100, 128, 8)
     assert (c.max_response_len, c.temperature) == (4096, 1.0)
     assert (c.global_batch_size, c.num_steps_per_rollout, c.max_tokens_per_gpu) == (256, 4, 8192)
-    assert (c.model.dtype, c.zero_stage, c.save_interval) == ("bfloat16", 2, 10)
+    assert (c.model.dtype, c.zero_stage, c.save_interval) == ("bfloat16", 1, 10)
     assert c.data.path == "data/simplelr_qwen_level3to5.jsonl" and c.data.shuffle
     assert (c.data.input_key, c.data.label_key) == ("prompt", "label")
     assert (c.loss.advantage, c.loss.kl_type, c.loss.kl_coef) == ("grpo", "low_var_kl", 1e-4)
@@ -67,7 +67,7 @@ def test_variants_differ_from_qwen3b_rkv_only_where_intended():
 
     assert diff("qwen3b_dense") == {"compress.algorithm", "output_dir"}
     assert diff("qwen3b_snapkv") == {"compress.algorithm", "output_dir"}
-    assert diff("qwen7b_rkv") == {"model.path", "output_dir"}
+    assert diff("qwen7b_rkv") == {"model.path", "output_dir", "zero_stage"}
     assert diff("llama1b_rkv") == {"model.path", "output_dir", "data.path"}
     assert diff("qwen3b_dapo") == {"output_dir", "data.path", "data.apply_chat_template"}
     assert load_config("llama1b_rkv").data.path == "data/simplelr_level3to5.jsonl"

@@ -16,10 +16,12 @@ from minisparse.config.schema import ConfigError
 from minisparse.grpo.attention import packing_kwargs, use_attention
 from minisparse.grpo.memory import rollout_memory, train_memory
 from minisparse.grpo.memory_estimate import (GIB, activations, backward_peak, first_flush_share,
-                                             gradient_buckets, kv_tokens, per_token_layer,
+                                             gradient_buckets, gradients, head_backward,
+                                             kv_tokens, logprob_peak, per_token_layer,
+                                             reduction_bucket, training_state,
                                              rollout_kv_need, setup_of, shape_of, step_peak)
-from minisparse.grpo.memory_plan import (batch_peaks, comparison_line, gpu_capacity, make_plan,
-                                         not_planned, plan_errors)
+from minisparse.grpo.memory_plan import (_logprob_budget, batch_peaks, comparison_line,
+                                         gpu_capacity, make_plan, not_planned, plan_errors)
 from minisparse.models.checkpointing import checkpoint_layers, checkpointed_count
 from minisparse.models.liger import liger_available, use_liger_kernel
 from minisparse.models.loading import shape_config
@@ -132,7 +134,9 @@ def qwen3b():
 
 
 def _setup(qwen3b, *overrides, world=1):
-    cfg = load_config("qwen3b_rkv", ["data.max_prompt_len=160", *overrides])
+    """qwen3b_rkv under ZeRO 2, whose bucket flushes the hand-computed figures follow
+    (the config's ZeRO 1: test_zero_1_by_hand)."""
+    cfg = load_config("qwen3b_rkv", ["data.max_prompt_len=160", "zero_stage=2", *overrides])
     return cfg, setup_of(cfg, qwen3b, world, liger=True)
 
 
@@ -151,6 +155,32 @@ def test_qwen3b_sizes_by_hand(qwen3b):
     assert step_peak(s, adam=False) == 20 * qwen3b.params
     # one 8,352-token sequence, no checkpointing: 8352 x 36 x 91,720 = 27,577,635,840 bytes
     assert activations(s, 8352, False) == 27_577_635_840
+
+
+def test_zero_1_by_hand(qwen3b):
+    """qwen3b_rkv as shipped (ZeRO 1) on an 80 GB GPU at 4k, 8,192-token micro-batches:
+    the gradients accumulate in the parameters' .grad and meet DeepSpeed's bucket only at
+    the step, so the backward's peak is its start: state 14P (43,203,141,632) + gradients
+    2P (6,171,877,376) + activations 8192 x 36 x 91,720 (27,049,328,640) + the LM head's
+    backward 2 x 8192 x 2048 + 6 x 151,936 x 2048 + 2 x 1024 x 151,936 (2,211,708,928) + the
+    bucket 2 x 5e8 (made by the first backward's gradient hooks; measured +1.0 GiB over the
+    estimate without it, one H200) = 79,636,056,576 bytes, 74.17 GiB. Each checkpointed
+    layer keeps 8192 x 2 x 2048 of its 8192 x 91,720: 2 layers 72.83, 3 layers 72.16 GiB of
+    the 72.68 planned for."""
+    cfg = load_config("qwen3b_rkv", ["data.max_prompt_len=160"])
+    s = setup_of(cfg, qwen3b, 1, liger=True)
+    assert s.zero_stage == 1 and reduction_bucket(s) == 1_000_000_000
+    assert head_backward(s, 8192) == 2_211_708_928
+    assert backward_peak(s, 8192, 0, False) == 79_636_056_576
+    assert backward_peak(s, 8192, 2, False) == 79_636_056_576 - 2 * 8192 * (91_720 - 4096)
+    plan = make_plan(cfg, s, H100, "H100")
+    assert plan.checkpointed_layers == 3 and not plan.optimizer_offload and plan.keep_state
+    assert round(plan.peaks["update"] / GIB, 2) == 72.16
+    # one GPU: the same training state as ZeRO 2 (its gradient partition is every gradient)
+    assert training_state(s) == training_state(_setup(qwen3b)[1]) == 14 * qwen3b.params
+    # several GPUs: every gradient on each, the reduction once a step
+    four = setup_of(cfg, qwen3b, 4, liger=True)
+    assert gradients(four) == 2 * qwen3b.params and gradient_buckets(four) == 1
 
 
 def test_qwen7b_on_two_gpus_by_hand():
@@ -208,6 +238,7 @@ def test_decisions_on_an_80gb_gpu(qwen3b, response, tokens, layers, without):
     assert plan.gradient_checkpointing is (layers > 0) and not plan.optimizer_offload
     assert plan.checkpointed_layers == layers
     assert plan.logprob_tokens == plan.update_tokens == tokens
+    assert plan.peaks["logprobs"] == logprob_peak(s, max(tokens, s.longest))
     worst = max(tokens, s.longest)
     off = backward_peak(s, worst, 0, False)
     assert round(off / GIB, 1) == without
@@ -225,6 +256,17 @@ def test_decisions_on_an_80gb_gpu(qwen3b, response, tokens, layers, without):
     assert f"chosen: gradient checkpointing {chosen} (auto: " in table
     if s.longest > tokens:
         assert f"(a {s.longest:,}-token sequence alone)" in table
+
+
+def test_log_prob_budget_is_the_largest_that_fits(qwen3b):
+    cfg, s = _setup(qwen3b, "max_response_len=4096", "max_tokens_per_gpu=8192")
+    # a log-prob token more: its layer's work 2 x (3 x 2048 + 3 x 11008) and its hidden
+    # state before the chunked head 2 x 2048 bytes (Liger, flash attention: no mask)
+    assert logprob_peak(s, 8192) - logprob_peak(s, 4096) == 4096 * 82_432
+    assert _logprob_budget(cfg, s, logprob_peak(s, 8192)) == 8192
+    assert _logprob_budget(cfg, s, logprob_peak(s, 8191)) == 7936  # a multiple of 256
+    assert _logprob_budget(cfg, s, logprob_peak(s, 5000)) == 4864
+    assert _logprob_budget(cfg, s, logprob_peak(s, s.longest)) == s.longest  # 4,256
 
 
 def test_checkpointing_fixed_on_takes_every_layer(qwen3b):
@@ -399,8 +441,9 @@ def test_train_stops_before_any_model_loads(tmp_path):
     assert res.returncode == 2, res.stderr[-3000:]
     (line,) = res.stderr.splitlines()
     # without a GPU the training passes would run PyTorch's ops (no Liger): 130,120 bytes a
-    # token and layer, 120.3 GiB in all; even with the optimizer state on the CPU 85.8
-    assert line == ("error: model.gradient_checkpointing=false: the update needs ~120.3 GiB "
+    # token and layer, 121.2 GiB in all (ZeRO 1: its bucket beside the backward's start);
+    # even with the optimizer state on the CPU 86.7
+    assert line == ("error: model.gradient_checkpointing=false: the update needs ~121.2 GiB "
                     "of the 72.7 GiB planned for (79.0 GiB GPU, 8% kept free) at "
                     "max_tokens_per_gpu=8192 (sequences up to 16544 tokens); set it true")
     assert "training passes" not in res.stdout and not (tmp_path / "out" / "metrics.jsonl").exists()

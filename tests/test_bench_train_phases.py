@@ -1,0 +1,32 @@
+"""scripts/bench_train_phases.py on the CPU: its variants across two gloo ranks, one
+report, and the log-prob budget a variant sets."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_two_ranks_report_once(tmp_path):
+    out = tmp_path / "bench.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "scripts/bench_train_phases.py", "--config", "tiny_rkv", "--samples", "6",
+         "--prompt-len", "12", "--response-len", "20", "--repeats", "1",
+         "--variants", "default,lp_16k", "--set", "zero_stage=1", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("old log-probs vs default") == 1  # rank 0 alone reports
+    rows = [line.split() for line in res.stdout.splitlines()
+            if line.startswith(("default ", "lp_16k "))]
+    assert [r[0] for r in rows if len(r) == 11] == ["default", "lp_16k"]  # the table
+    result = json.loads(out.read_text())
+    # the same weights and packed passes: the budgets change the micro-batches, not the values
+    assert result["compare"] == {"default": 0.0, "lp_16k": 0.0}
+    runs = {r["variant"]: r for r in result["runs"]}
+    assert set(runs) == {"default", "lp_16k"}
+    for r in runs.values():
+        assert r["time/logprobs_s"] > 0 and r["time/update_s"] > 0
+        assert r["train/micro_batches"] >= 1
