@@ -62,7 +62,8 @@ def test_overlap_comm_only_where_there_is_a_reduction_to_overlap():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="offload moves GPU state")
-def test_state_offload_roundtrip_on_gpu():
+@pytest.mark.parametrize("stage", [1, 2])
+def test_state_offload_roundtrip_on_gpu(stage):
     import os
     import socket
 
@@ -75,7 +76,7 @@ def test_state_offload_roundtrip_on_gpu():
         s.bind(("127.0.0.1", 0))
         os.environ.setdefault("MASTER_PORT", str(s.getsockname()[1]))
     device = init_distributed()
-    cfg = Config(zero_stage=2)
+    cfg = Config(zero_stage=stage)
     model = tiny_qwen2(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1).to(device)
     engine = build_train_engine(model, cfg, 10, device)
 
