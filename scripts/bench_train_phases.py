@@ -13,9 +13,10 @@ micro-batch budget (max_tokens_per_gpu), the log-prob passes' (the plan's
 logprob_tokens), gradient checkpointing ("plan": what the memory plan chooses on this
 GPU for that budget, "all" or "none") and the LM head's softmax work: "kernels"
 (train.py's Triton kernels) or "torch" (the PyTorch ops, the CPU path). `default` is
-train.py as it runs (attention auto: flash-attn-4 where it runs, else torch's varlen kernel; each row names
-the one that ran). Before any update, the old log-probs of the first variant and each
-other one are compared on the same weights (relative L2 over response tokens).
+train.py as it runs (attention auto: flash-attn-4 where it runs, else torch's varlen
+kernel; each row names the one that ran). Before any update, the old log-probs of the
+first variant and each other one are compared on the same weights (relative L2 over
+response tokens).
 The rollout, reward and swap phases are left out: no engine is built.
 """
 
@@ -65,7 +66,6 @@ VARIANTS = {
     "before": Variant(max_tokens=16384, checkpointing="all", head="torch"),
     "kernels_all": Variant(max_tokens=16384, checkpointing="all"),
     "lp_16k": Variant(logprob_tokens=16384),
-    "lp_32k": Variant(logprob_tokens=32768),
     "no_ckpt": Variant(checkpointing="none"),
     "torch_varlen": Variant(attention="varlen"),
     "flash_attn": Variant(attention="flash_attn"),

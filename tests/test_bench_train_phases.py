@@ -1,5 +1,5 @@
-"""scripts/bench_train_phases.py on the CPU: its variants across two gloo ranks, one
-report, and the log-prob budget a variant sets."""
+"""scripts/bench_train_phases.py on the CPU: two variants across two gloo ranks, one
+report."""
 
 import json
 import subprocess

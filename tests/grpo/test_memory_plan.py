@@ -183,6 +183,25 @@ def test_zero_1_by_hand(qwen3b):
     assert gradients(four) == 2 * qwen3b.params and gradient_buckets(four) == 1
 
 
+@pytest.mark.parametrize("world,response,zero_2,zero_1", [
+    (4, 4096, 7, 14), (4, 8192, 9, 15), (4, 16384, 19, 22),
+    (8, 4096, 0, 4), (8, 8192, 0, 7), (8, 16384, 13, 18)])
+def test_zero_1_would_checkpoint_more_of_qwen7b_on_80gb_gpus(world, response, zero_2, zero_1):
+    """Why qwen7b_rkv keeps ZeRO 2 where the smaller configs take ZeRO 1: on 4-8 GPUs of
+    80 GB, ZeRO 1's every-gradient copy (15.2 GB a GPU) costs checkpointed layers."""
+    m = shape_of(shape_config("qwen2.5-7b"))
+    layers = {}
+    for stage in (2, 1):
+        cfg = load_config("qwen7b_rkv", [f"zero_stage={stage}", f"max_response_len={response}",
+                                         f"rollout_batch_size={32 * world}",
+                                         f"global_batch_size={64 * world}"])
+        plan = make_plan(cfg, setup_of(cfg, m, world, liger=True), H100, "H100")
+        assert not plan.optimizer_offload and plan.keep_state
+        layers[stage] = plan.checkpointed_layers if plan.gradient_checkpointing else 0
+    assert load_config("qwen7b_rkv").zero_stage == 2
+    assert (layers[2], layers[1]) == (zero_2, zero_1)
+
+
 def test_qwen7b_on_two_gpus_by_hand():
     """Qwen2.5-7B (P = 7,614,699,008, LM head untied: V x H = 544,538,624 elements) under
     ZeRO 2 on two GPUs, 8,192-token micro-batches, no checkpointing. The head's gradient is
