@@ -225,6 +225,12 @@ def first_flush_share(s: Setup) -> float:
     return max(0.0, min(1.0, (BUCKET - head) / s.shape.layer_params / s.shape.layers))
 
 
+def bucket_bytes(s: Setup) -> int:
+    """One of DeepSpeed's gradient buckets: reduce_bucket_size elements, or every gradient
+    where the model has fewer."""
+    return s.dtype_bytes * min(BUCKET, s.shape.params)
+
+
 def gradient_buckets(s: Setup) -> int:
     """DeepSpeed's gradient buckets (reduce_bucket_size elements each) at ZeRO 2: two
     where it overlaps the reduction with the backward (several GPUs), else one."""
@@ -235,7 +241,7 @@ def reduction_bucket(s: Setup) -> int:
     """ZeRO 1's gradient bucket: DeepSpeed's gradient hooks make it at the first backward
     (contiguous_gradients), and the step's one reduction runs through it; without ZeRO
     there is none. ZeRO 2 and 3 count theirs where they flush (gradient_buckets)."""
-    return s.dtype_bytes * min(BUCKET, s.shape.params) if s.zero_stage == 1 else 0
+    return bucket_bytes(s) if s.zero_stage == 1 else 0
 
 
 def freed_at_first_flush(s: Setup, tokens: int, checkpointed: int) -> int:
@@ -260,7 +266,7 @@ def backward_peak(s: Setup, tokens: int, checkpointed: int, offload: bool,
     if s.zero_stage < 2:  # gradients accumulate in place, in the parameters' .grad
         return state + grads + start + reduction_bucket(s)
     flush = (acts - freed_at_first_flush(s, tokens, checkpointed) + grads
-             + gradient_buckets(s) * b * min(BUCKET, m.params) + b * m.vocab * m.hidden
+             + gradient_buckets(s) * bucket_bytes(s) + b * m.vocab * m.hidden
              + tokens * b * (m.intermediate + 2 * m.hidden))
     return state + (grads if accumulating else 0) + max(start, flush)
 

@@ -64,7 +64,6 @@ def test_overlap_comm_only_where_there_is_a_reduction_to_overlap():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="offload moves GPU state")
 @pytest.mark.parametrize("stage", [1, 2])
 def test_state_offload_roundtrip_on_gpu(stage):
-    import os
     import socket
 
     from grpo_models import tiny_qwen2
