@@ -66,12 +66,18 @@ def _torch_dtype(dtype: str):
     return getattr(torch, dtype)
 
 
-def _init_in_place(model, device) -> None:
+def _init_in_place(model, device, seed: int = 0) -> None:
     """Materialise a meta-device model on `device`: N(0, 0.02) weights, unit norms, zero
-    biases, and rotary buffers recomputed (to_empty leaves them uninitialised)."""
+    biases, and rotary buffers recomputed (to_empty leaves them uninitialised).
+
+    The weights come from their own generator, seeded alike on every rank: train.py seeds
+    the global one by rank (sampling), and a reference model copied from rank-seeded
+    weights differs on every rank but 0 once DeepSpeed broadcasts rank 0's policy (a KL
+    of 0.35 before any step, on two ranks)."""
     import torch
 
     model.to_empty(device=device)
+    generator = torch.Generator(device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -79,7 +85,7 @@ def _init_in_place(model, device) -> None:
             elif name.endswith(".bias"):
                 param.zero_()
             else:
-                param.normal_(0.0, 0.02)
+                param.normal_(0.0, 0.02, generator=generator)
         for module in model.modules():
             if hasattr(module, "inv_freq") and hasattr(module, "config"):
                 fresh = type(module)(module.config)
@@ -89,7 +95,8 @@ def _init_in_place(model, device) -> None:
 
 
 def build_shape_model(name: str, dtype: str = "bfloat16", device: Any = "cpu"):
-    """Random-weight model of a named shape; device="meta" gives it without memory."""
+    """Random-weight model of a named shape, the same on every rank and run; device="meta"
+    gives it without memory."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -117,6 +117,20 @@ def test_shape_model_materialises_with_sane_init(monkeypatch):
     assert torch.allclose(rotary.inv_freq, expected)
 
 
+def test_shape_model_weights_do_not_follow_the_global_seed(monkeypatch):
+    """train.py seeds torch by rank; the random weights must still be the same on every
+    rank, or the reference model (copied before DeepSpeed broadcasts rank 0's policy)
+    differs from the policy on the other ranks."""
+    small = dict(SHAPES["qwen2.5-1.5b"][1], num_hidden_layers=1, vocab_size=1000)
+    monkeypatch.setitem(SHAPES, "qwen-small", ("qwen2", small))
+    models = []
+    for rank in (0, 1):
+        torch.manual_seed(42 + rank)
+        models.append(load_policy("qwen-small", dtype="float32")[0])
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(a, b), name
+
+
 def test_load_policy_missing_dir_names_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         load_policy(str(tmp_path / "nope"))
