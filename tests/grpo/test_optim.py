@@ -102,7 +102,8 @@ def test_state_offload_roundtrip_on_gpu(stage):
             torch.testing.assert_close(a, b)
     step()  # training goes on after the round trips
     assert engine.was_step_applied()
-    torch.distributed.destroy_process_group()
+    # The process group stays up: DeepSpeed keeps its groups for the process, so the next
+    # stage's engine, built on a new group, would find the old ones destroyed.
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
