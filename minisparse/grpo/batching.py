@@ -41,6 +41,17 @@ def split_steps(num_samples: int, num_steps: int) -> list[list[int]]:
     return [list(range(s * size, (s + 1) * size)) for s in range(num_steps)]
 
 
+def step_micro_batches(lengths: list[int], num_steps: int,
+                       max_tokens: int) -> list[list[list[int]]]:
+    """Each optimizer step's micro-batches, as indices into lengths: the step's samples
+    (split_steps) packed by tokens. The update runs them; the memory plan sizes them."""
+    steps = []
+    for samples in split_steps(len(lengths), num_steps):
+        groups = pack_by_tokens([lengths[i] for i in samples], max_tokens)
+        steps.append([[samples[i] for i in group] for group in groups])
+    return steps
+
+
 def equalize_across_ranks(groups: list[list[int]]) -> list[list[int]]:
     """Pad with empty groups so every rank runs the same number of micro-batches.
 

@@ -18,7 +18,7 @@ import time
 import torch
 
 from minisparse.config.schema import Config
-from minisparse.grpo.batching import equalize_across_ranks, pack_by_tokens, split_steps
+from minisparse.grpo.batching import equalize_across_ranks, step_micro_batches
 from minisparse.grpo.distributed import all_reduce, world_size
 from minisparse.grpo.logprobs import response_logprobs
 from minisparse.grpo.loss import grpo_loss, step_denominator
@@ -83,27 +83,26 @@ def micro_batch_loss(model, batch: RolloutBatch, rows: list[int], cfg: Config, d
 
 
 def optimizer_step(
-    train_engine, batch: RolloutBatch, samples: list[int], cfg: Config,
+    train_engine, batch: RolloutBatch, micro_batches: list[list[int]], cfg: Config,
     offload: TrainingStateOffload | None = None,
 ) -> dict[str, float]:
-    """Forward/backward over samples in packed micro-batches, then one optimizer step.
+    """Forward/backward over micro-batches (rows of batch), then one optimizer step.
     offload: optimizer states wait on the CPU during the micro-batches (memory plan)."""
+    samples = [i for rows in micro_batches for i in rows]
     local = step_denominator(batch.keep[samples], cfg.loss.aggregation)
     total = all_reduce(torch.tensor([local], dtype=torch.float64)).item()
     # DeepSpeed averages gradients over ranks, so each rank divides by total / world; the
     # clamp goes on the total (an empty step), never on the per-rank share.
     denominator = max(total, 1.0) / world_size()
-    lengths = [len(batch.prompts[i]) + len(batch.responses[i]) for i in samples]
-    groups = equalize_across_ranks(pack_by_tokens(lengths, cfg.max_tokens_per_gpu))
+    groups = equalize_across_ranks(micro_batches)
     sums: dict[str, torch.Tensor] = {}  # read once after the micro-batches: no sync each
     finite = True
     if offload is not None:
         offload.offload_optimizer()
-    for group in groups:
-        if not group:
+    for rows in groups:
+        if not rows:
             _constant_backward(train_engine, 0.0)
             continue
-        rows = [samples[i] for i in group]
         loss, metrics = micro_batch_loss(train_engine.module, batch, rows, cfg, denominator)
         if torch.isfinite(loss):
             train_engine.backward(loss, scale_wrt_gas=False)
@@ -132,7 +131,9 @@ def train_on_rollout(train_engine, batch: RolloutBatch, cfg: Config,
                      offload: TrainingStateOffload | None = None) -> list[dict[str, float]]:
     """Metrics of each of the num_steps_per_rollout optimizer steps."""
     train_engine.module.train()
+    lengths = [len(p) + len(r) for p, r in zip(batch.prompts, batch.responses)]
     return [
-        optimizer_step(train_engine, batch, samples, cfg, offload)
-        for samples in split_steps(len(batch), cfg.num_steps_per_rollout)
+        optimizer_step(train_engine, batch, micro_batches, cfg, offload)
+        for micro_batches in step_micro_batches(lengths, cfg.num_steps_per_rollout,
+                                                cfg.max_tokens_per_gpu)
     ]

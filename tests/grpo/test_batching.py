@@ -1,6 +1,7 @@
 import pytest
 
-from minisparse.grpo.batching import equalize_across_ranks, pack_by_tokens, split_steps
+from minisparse.grpo.batching import (equalize_across_ranks, pack_by_tokens, split_steps,
+                                      step_micro_batches)
 
 
 def test_first_fit_decreasing():
@@ -23,6 +24,16 @@ def test_split_steps():
     assert split_steps(6, 3) == [[0, 1], [2, 3], [4, 5]]
     with pytest.raises(ValueError):
         split_steps(5, 2)
+
+
+def test_step_micro_batches_pack_each_step_apart():
+    # step 0: samples 0-3 (5, 4, 3, 3) -> [0, 2] 5+3, [1, 3] 4+3
+    # step 1: samples 4-7 (2, 9, 1, 7) -> 9 alone, [6, 7] 1+7, [4] 2
+    lengths = [5, 4, 3, 3, 2, 9, 1, 7]
+    assert step_micro_batches(lengths, 2, 8) == [[[0, 2], [1, 3]], [[5], [6, 7], [4]]]
+    assert step_micro_batches(lengths, 1, 8) == [pack_by_tokens(lengths, 8)]
+    with pytest.raises(ValueError):
+        step_micro_batches(lengths, 3, 8)
 
 
 def test_equalize_single_process_is_identity():
