@@ -61,6 +61,7 @@ class Variant:
 
 VARIANTS = {
     "default": Variant(),
+    "default_10k": Variant(max_tokens=10240),  # pairs of the paper's 4k-response sequences
     "default_16k": Variant(max_tokens=16384),
     # the trainer before the head kernels and the planned checkpointing
     "before": Variant(max_tokens=16384, checkpointing="all", head="torch"),
@@ -177,6 +178,9 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
                         help="then profile one log-prob and one update phase of the last "
                              "variant and print the ROWS kernels that took most GPU time")
+    parser.add_argument("--profile-new-lengths", action="store_true",
+                        help="profile a batch of lengths not run before (seed + 1), as each "
+                             "rollout brings; kernels compiled per shape then show")
     args = parser.parse_args()
     os.environ.setdefault(*train.ALLOCATOR)
     cfg = config_from_args(args)
@@ -209,6 +213,13 @@ def main() -> None:
             json.dump(results, f, indent=1)
     print_table(results["runs"])
     if args.profile:
+        if args.profile_new_lengths:
+            batch = synthetic_batch(args.samples, args.prompt_len, args.response_len,
+                                    run.train_engine.module.config.vocab_size, cfg.seed + 1)
+            batch.rollout_logp = batch_logprobs(run.train_engine.module, batch.prompts,
+                                                batch.responses, batch.width,
+                                                cfg.max_tokens_per_gpu, cfg.temperature,
+                                                cfg.model.logprob_chunk)
         profile_phases(run, batch, names[-1], args.profile)
 
 
