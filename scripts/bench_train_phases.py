@@ -224,22 +224,32 @@ def main() -> None:
 
 
 def profile_phases(run: train.Run, batch: RolloutBatch, name: str, rows: int) -> None:
-    """Where each phase's GPU time goes, kernel by kernel (torch profiler), and how much of
-    the phase's wall time the GPU sat idle."""
+    """Where each phase's GPU time goes, kernel by kernel (torch profiler), how much of the
+    phase's wall time the GPU sat idle, and the ops that held the host meanwhile (on a CPU
+    only the last)."""
     from torch.profiler import ProfilerActivity, profile
 
     apply_variant(run, name)
+    cuda = run.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for label, fn in (("logprobs", train.logprob_phase), ("update", train.update_phase)):
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        sync()
+        with profile(activities=activities) as prof:
             fn(run, batch, {})
-            torch.cuda.synchronize()
+            sync()
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
         busy = sum(e.time_range.elapsed_us() for e in kernels)
         wall = max(e.time_range.end for e in prof.events()) - min(
             e.time_range.start for e in prof.events())
         print(f"--- {name} {label}: kernels {busy / 1e6:.2f} s of {wall / 1e6:.2f} s wall")
-        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=60))
+        averages = prof.key_averages()
+        if cuda:
+            print(averages.table(sort_by="self_device_time_total", row_limit=rows,
+                                 max_name_column_width=60))
+        print(f"--- {name} {label}: where the host's time goes")
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=rows,
+                             max_name_column_width=60))
 
 
 def print_table(rows: list[dict]) -> None:

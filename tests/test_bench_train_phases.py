@@ -1,5 +1,5 @@
 """scripts/bench_train_phases.py on the CPU: two variants across two gloo ranks, one
-report."""
+report, then a profile on a batch of new lengths."""
 
 import json
 import subprocess
@@ -15,7 +15,8 @@ def test_two_ranks_report_once(tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "scripts/bench_train_phases.py", "--config", "tiny_rkv", "--samples", "6",
          "--prompt-len", "12", "--response-len", "20", "--repeats", "1",
-         "--variants", "default,lp_16k", "--set", "zero_stage=1", "--json", str(out)],
+         "--variants", "default,lp_16k", "--set", "zero_stage=1", "--json", str(out),
+         "--profile", "5", "--profile-new-lengths"],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("old log-probs vs default") == 1  # rank 0 alone reports
@@ -30,3 +31,7 @@ def test_two_ranks_report_once(tmp_path):
     for r in runs.values():
         assert r["time/logprobs_s"] > 0 and r["time/update_s"] > 0
         assert r["train/micro_batches"] >= 1
+    # the last variant profiled, each phase once, by rank 0 (no GPU: the host's table only)
+    for label in ("logprobs", "update"):
+        assert res.stdout.count(f"--- lp_16k {label}: kernels 0.00 s of ") == 1
+        assert res.stdout.count(f"--- lp_16k {label}: where the host's time goes") == 1
