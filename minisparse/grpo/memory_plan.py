@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from minisparse.config.schema import Config, ConfigError
-from minisparse.grpo.batching import step_micro_batches
+from minisparse.grpo.batching import pack_by_tokens, step_micro_batches
 from minisparse.grpo.distributed import all_reduce
 from minisparse.grpo.memory_estimate import (GIB, Setup, all_or_none, backward_peak, kv_pool,
                                              kv_tokens, logprob_peak, rollout_kv_need,
@@ -328,9 +328,7 @@ def batch_peaks(plan: MemoryPlan, lengths: list[int], num_steps: int,
     largest micro-batches, and whether AdamW moments existed yet (they are made by the
     first optimizer step)."""
     s = plan.setup
-    logprob = max(sum(lengths[i] for i in g)
-                  for step in step_micro_batches(lengths, num_steps, plan.logprob_tokens)
-                  for g in step)
+    logprob = max(sum(lengths[i] for i in g) for g in pack_by_tokens(lengths, plan.logprob_tokens))
     update = 0
     for k, groups in enumerate(step_micro_batches(lengths, num_steps, plan.update_tokens)):
         for j, group in enumerate(groups):

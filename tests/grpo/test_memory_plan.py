@@ -426,6 +426,11 @@ def test_planned_peaks_of_a_batch(qwen3b):
     four = batch_peaks(plan, [4247] * 8, num_steps=4, steps_done=0)
     assert four["update"] == max(peaks["update"], step_peak(s, adam=True))
     assert four["update"] > first["update"]
+    # the log-prob passes pack the whole batch, the update each step apart: two steps of
+    # 3,000 + 3,000 and 1,000 + 1,000 tokens pair as 3,000 + 1,000 for the log-probs
+    mixed = batch_peaks(plan, [3000, 3000, 1000, 1000], num_steps=2, steps_done=1)
+    assert plan.logprob_tokens >= 4000
+    assert mixed["logprobs"] == logprob_peak(s, 4000)
     metrics = {"mem/update_peak_gib": 66.0, "memory_plan/update_gib": 60.0,
                "memory_plan/logprobs_gib": 40.0}
     metrics |= plan_errors(metrics)
