@@ -135,6 +135,14 @@ def compare_logprobs(run: train.Run, batch: RolloutBatch, names: list[str], n: i
     return out
 
 
+def set_sampler_logprobs(run: train.Run, batch: RolloutBatch) -> None:
+    """The sampler's log-probs: dense ones, so the corrections keep every token."""
+    cfg = run.cfg
+    batch.rollout_logp = batch_logprobs(run.train_engine.module, batch.prompts, batch.responses,
+                                        batch.width, cfg.max_tokens_per_gpu, cfg.temperature,
+                                        cfg.model.logprob_chunk)
+
+
 def run_variant(run: train.Run, batch: RolloutBatch, name: str) -> dict:
     attention = apply_variant(run, name)
     metrics: dict[str, float] = {}
@@ -193,10 +201,7 @@ def main() -> None:
           f"{len(batch)} samples, {tokens} tokens, peak {run.peak}", flush=True)
     results = {"compare": compare_logprobs(run, batch, names, args.compare_samples), "runs": []}
     print("old log-probs vs", names[0], results["compare"], flush=True)
-    # warm-up, and the sampler's log-probs: dense ones, so the corrections keep every token
-    batch.rollout_logp = batch_logprobs(run.train_engine.module, batch.prompts, batch.responses,
-                                        batch.width, cfg.max_tokens_per_gpu, cfg.temperature,
-                                        cfg.model.logprob_chunk)
+    set_sampler_logprobs(run, batch)  # also the warm-up
     for name in names:
         for rep in range(args.repeats):
             try:
@@ -216,10 +221,7 @@ def main() -> None:
         if args.profile_new_lengths:
             batch = synthetic_batch(args.samples, args.prompt_len, args.response_len,
                                     run.train_engine.module.config.vocab_size, cfg.seed + 1)
-            batch.rollout_logp = batch_logprobs(run.train_engine.module, batch.prompts,
-                                                batch.responses, batch.width,
-                                                cfg.max_tokens_per_gpu, cfg.temperature,
-                                                cfg.model.logprob_chunk)
+            set_sampler_logprobs(run, batch)
         profile_phases(run, batch, names[-1], args.profile)
 
 
