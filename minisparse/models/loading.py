@@ -66,18 +66,18 @@ def _torch_dtype(dtype: str):
     return getattr(torch, dtype)
 
 
-def _init_in_place(model, device, seed: int = 0) -> None:
+def _init_in_place(model, device) -> None:
     """Materialise a meta-device model on `device`: N(0, 0.02) weights, unit norms, zero
     biases, and rotary buffers recomputed (to_empty leaves them uninitialised).
 
-    The weights come from their own generator, seeded alike on every rank: train.py seeds
+    The weights come from their own generator, seeded with 0 on every rank: train.py seeds
     the global one by rank (sampling), and a reference model copied from rank-seeded
     weights differs on every rank but 0 once DeepSpeed broadcasts rank 0's policy (a KL
     of 0.35 before any step, on two ranks)."""
     import torch
 
     model.to_empty(device=device)
-    generator = torch.Generator(device).manual_seed(seed)
+    generator = torch.Generator(device).manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
