@@ -20,6 +20,7 @@ from minisparse.engine.layers.attention import AttnContext
 from minisparse.engine.models import CausalLM
 from minisparse.engine.sequence import Sequence
 from minisparse.engine.step import decode_forward, sample_hidden
+from minisparse.transfer import to_device
 
 _ALIGN = 16  # attended length is padded to a multiple of this (SDPA mask alignment)
 
@@ -69,10 +70,7 @@ class ModelRunner:
         self.graphs = None
 
     def _tensor(self, values: list, dtype=torch.long) -> torch.Tensor:
-        t = torch.tensor(values, dtype=dtype)
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
+        return to_device(values, self.device, dtype)
 
     def _ring(self, rows: list[int], ends: list[int], lens: list[int], offsets: list[int]):
         """Queries to keep: the last min(W, n) tokens of each chunk, at ring row

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from minisparse.config.schema import Attention, ConfigError, choices
 from minisparse.models.loading import attention_heads
+from minisparse.transfer import to_device
 
 NAME = "minisparse_varlen"  # torch's varlen kernel
 # flash-attn-4's (no "flash" in the name: transformers takes such a name for its own kernels)
@@ -48,7 +49,7 @@ def packing_kwargs(lengths: list[int], device: torch.device) -> dict:
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
     return {
-        "packed_cu_seqlens": cu.to(device, non_blocking=True),
+        "packed_cu_seqlens": to_device(cu, device),
         "packed_max_seqlen": max(lengths),
         "packed_lengths": tuple(lengths),
     }

@@ -17,14 +17,15 @@ from torch import nn
 from minisparse.grpo.attention import PACKED, packing_kwargs
 from minisparse.grpo.batching import pack_by_tokens
 from minisparse.grpo.fused_logprobs import entropy_from, fused_logprobs
+from minisparse.transfer import to_device
 
 
 def pack_sequences(
     seqs: list[list[int]], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids [1, L], position_ids [1, L]) for sequences concatenated in order."""
-    ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=device)
-    pos = torch.cat([torch.arange(len(s), device=device) for s in seqs])
+    ids = to_device([t for s in seqs for t in s], device)
+    pos = to_device([i for s in seqs for i in range(len(s))], device)
     return ids[None], pos[None]
 
 
@@ -109,7 +110,8 @@ def response_logprobs(
     LM head with the log-softmax over that many tokens at a time (fused_logprobs.py).
     """
     hidden, input_ids = _packed_hidden(model, [p + r for p, r in zip(prompts, responses)])
-    pred, target = _response_positions([len(p) for p in prompts], [len(r) for r in responses])
+    pred, target = (to_device(x, hidden.device) for x in
+                    _response_positions([len(p) for p in prompts], [len(r) for r in responses]))
     if temperature in (0.0, 1.0):  # the engine's greedy log-probs are taken at T=1
         temperature = 1.0
     if chunk > 0 and _can_fuse(model.lm_head):
@@ -154,5 +156,5 @@ def batch_logprobs(
             temperature=temperature,
             chunk=chunk,
         )
-        out[group] = logp.float()
+        out[to_device(group, device)] = logp.float()  # a list index would wait for the GPU
     return out.cpu()  # one copy at the end: the host prepares micro-batches ahead

@@ -8,6 +8,9 @@ mean over all ranks' samples.
 
 A non-finite loss poisons the step's gradients with NaN, so DeepSpeed's overflow check
 (all-reduced over ranks) skips the step on every rank at once; such steps are counted.
+Whether a loss was finite is gathered on the GPU and read once, after a step's
+micro-batches: a read after each would make the host wait for each forward before it
+launches the backward, and leave the GPU idle while it prepares the next micro-batch.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from minisparse.grpo.logprobs import response_logprobs
 from minisparse.grpo.loss import grpo_loss, step_denominator
 from minisparse.grpo.optim import TrainingStateOffload
 from minisparse.grpo.rollout import RolloutBatch
+from minisparse.transfer import to_device
 
 
 def _rows(t: torch.Tensor | None, rows: list[int], device: torch.device) -> torch.Tensor | None:
-    return None if t is None else t[rows].to(device)
+    return None if t is None else to_device(t[rows], device)
 
 
 def _constant_backward(train_engine, scale: float) -> None:
@@ -96,7 +100,7 @@ def optimizer_step(
     denominator = max(total, 1.0) / world_size()
     groups = equalize_across_ranks(micro_batches)
     sums: dict[str, torch.Tensor] = {}  # read once after the micro-batches: no sync each
-    finite = True
+    finite = torch.ones((), dtype=torch.bool, device=device_of(train_engine))
     if offload is not None:
         offload.offload_optimizer()
     for rows in groups:
@@ -104,13 +108,15 @@ def optimizer_step(
             _constant_backward(train_engine, 0.0)
             continue
         loss, metrics = micro_batch_loss(train_engine.module, batch, rows, cfg, denominator)
-        if torch.isfinite(loss):
-            train_engine.backward(loss, scale_wrt_gas=False)
-        else:
-            finite = False
-            _constant_backward(train_engine, float("nan"))
+        finite &= torch.isfinite(loss)
+        train_engine.backward(loss, scale_wrt_gas=False)
         for key, value in metrics.items():
             sums[key] = sums[key] + value if key in sums else value
+    # every rank takes the poisoning backward when any rank saw a non-finite loss (ZeRO 2
+    # reduces in each backward, so all ranks must take the same number)
+    finite = bool(all_reduce(finite.float().cpu(), op="min").item())
+    if not finite:
+        _constant_backward(train_engine, float("nan"))
     if offload is not None:
         offload.reload()
     step_s = _timed(train_engine.step, device_of(train_engine))

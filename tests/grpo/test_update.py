@@ -155,3 +155,40 @@ def test_optimizer_offload_brackets_the_micro_batches_of_each_step():
     # sequences of 5 + 4 and 7 + 4 tokens: two micro-batches a step (the 7 alone)
     assert [m["train/micro_batches"] for m in metrics] == [2.0, 2.0]
     assert events == ["offload", "backward", "backward", "reload", "step"] * 2
+
+
+def _nonfinite_worker(rank: int, init_file: str, out_dir: str) -> None:
+    """ZeRO 2 over two gloo ranks; rank 1's first sample has a NaN advantage."""
+    import torch.distributed as tdist
+
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")  # as torchrun
+    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        cfg = _cfg(zero_stage=2, max_tokens_per_gpu=9)  # [7] [5, 4] [4]: 3 micro-batches
+        torch.manual_seed(0)
+        engine = _engine(cfg)
+        before = _params(engine)
+        batch = _batch(cfg)
+        if rank == 1:
+            batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
+        skipped = train_on_rollout(engine, batch, cfg)[0]["train/step_skipped"]
+        unchanged = torch.equal(before, _params(engine))
+        applied = train_on_rollout(engine, _batch(cfg), cfg)[0]["train/step_skipped"]
+        torch.save({"skipped": skipped, "unchanged": unchanged, "then_skipped": applied,
+                    "moved": not torch.equal(before, _params(engine))},
+                   f"{out_dir}/rank{rank}.pt")
+    finally:
+        tdist.destroy_process_group()
+
+
+def test_a_nonfinite_loss_on_one_rank_skips_the_step_on_all(tmp_path):
+    """Finiteness is read once a step, after the micro-batches: the rank that saw a NaN loss
+    and the one that did not both take the poisoning backward (under ZeRO 2 every backward
+    reduces across ranks, so unequal counts would hang) and both skip the step."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_nonfinite_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        r = torch.load(tmp_path / f"rank{rank}.pt")
+        assert r["skipped"] == 1.0 and r["unchanged"]
+        assert r["then_skipped"] == 0.0 and r["moved"]
