@@ -25,7 +25,7 @@ def pack_sequences(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids [1, L], position_ids [1, L]) for sequences concatenated in order."""
     ids = to_device([t for s in seqs for t in s], device)
-    pos = to_device([i for s in seqs for i in range(len(s))], device)
+    pos = torch.cat([torch.arange(len(s), device=device) for s in seqs])  # no copy
     return ids[None], pos[None]
 
 

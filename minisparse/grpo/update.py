@@ -114,7 +114,7 @@ def optimizer_step(
             sums[key] = sums[key] + value if key in sums else value
     # every rank takes the poisoning backward when any rank saw a non-finite loss (ZeRO 2
     # reduces in each backward, so all ranks must take the same number)
-    finite = bool(all_reduce(finite.float().cpu(), op="min").item())
+    finite = bool(all_reduce(finite.float(), op="min").item())
     if not finite:
         _constant_backward(train_engine, float("nan"))
     if offload is not None:
