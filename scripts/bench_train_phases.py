@@ -9,14 +9,13 @@ synthetic rollout batch shaped like a random-weight rollout (every response runs
 --response-len), then train.py's own `logprob_phase` and `update_phase` (with `phase`
 timing and memory, and `perf_metrics`) for each variant, each run --repeats times on
 the same batch. A variant sets the training attention (model.attention), the update's
-micro-batch budget (max_tokens_per_gpu), the log-prob passes' (the plan's
-logprob_tokens), gradient checkpointing ("plan": what the memory plan chooses on this
-GPU for that budget, "all" or "none") and the LM head's softmax work: "kernels"
-(train.py's Triton kernels) or "torch" (the PyTorch ops, the CPU path). `default` is
-train.py as it runs (attention auto: flash-attn-4 where it runs, else torch's varlen
-kernel; each row names the one that ran). Before any update, the old log-probs of the
-first variant and each other one are compared on the same weights (relative L2 over
-response tokens).
+micro-batch budget (max_tokens_per_gpu, the log-prob passes' too), gradient
+checkpointing ("plan": what the memory plan chooses on this GPU for that budget, "all"
+or "none") and the LM head's softmax work: "kernels" (train.py's Triton kernels) or
+"torch" (the PyTorch ops, the CPU path). `default` is train.py as it runs (attention
+auto: flash-attn-4 where it runs, else torch's varlen kernel; each row names the one
+that ran). Before any update, the old log-probs of the first variant and each other one
+are compared on the same weights (relative L2 over response tokens).
 The rollout, reward and swap phases are left out: no engine is built.
 """
 
@@ -54,7 +53,6 @@ from minisparse.models.loading import load_policy  # noqa: E402
 class Variant:
     attention: str = "auto"
     max_tokens: int = 8192  # the update's micro-batch budget (max_tokens_per_gpu)
-    logprob_tokens: int = 0  # the log-prob passes' budget; 0: max_tokens
     checkpointing: str = "plan"  # "plan" (the memory plan's layers), "all" or "none"
     head: str = "kernels"  # "kernels" or "torch": the fused LM head's softmax work
 
@@ -66,7 +64,6 @@ VARIANTS = {
     # the trainer before the head kernels and the planned checkpointing
     "before": Variant(max_tokens=16384, checkpointing="all", head="torch"),
     "kernels_all": Variant(max_tokens=16384, checkpointing="all"),
-    "lp_16k": Variant(logprob_tokens=16384),
     "no_ckpt": Variant(checkpointing="none"),
     "torch_varlen": Variant(attention="varlen"),
     "flash_attn": Variant(attention="flash_attn"),
@@ -109,8 +106,7 @@ def apply_variant(run: train.Run, name: str) -> str:
         run.plan = not_planned(cfg)
     layers = {"plan": run.plan.checkpointed_layers if run.plan.gradient_checkpointing else 0,
               "all": None, "none": 0}[v.checkpointing]
-    run.plan.update_tokens = v.max_tokens
-    run.plan.logprob_tokens = v.logprob_tokens or v.max_tokens
+    run.plan.logprob_tokens = run.plan.update_tokens = v.max_tokens
     words = use_attention(module, v.attention)
     if run.ref_model is not None:  # kept on the CPU: it takes the policy's choice as is
         run.ref_model.set_attn_implementation(module.config._attn_implementation)
