@@ -144,6 +144,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     device = dist.init_distributed()
     checked = check_run(cfg, dist.world_size(), resume_required)  # before any model loads
     plan = plan_memory(cfg, device, dist.world_size())  # also before: exits 2 if it cannot fit
+    cfg.zero_stage = plan.zero_stage  # zero_stage=auto: the plan's choice
     if dist.rank() == 0:
         print(plan.table(), flush=True)
         plan.save(cfg.output_dir)

@@ -99,7 +99,8 @@ def _is_choice(hint: Any) -> bool:
 
 def _type_name(hint: Any) -> str:
     inner, optional = _split_optional(hint)
-    name = "str" if _is_choice(inner) else getattr(inner, "__name__", str(inner))
+    name = (f"one of {', '.join(map(str, typing.get_args(inner)))}" if _is_choice(inner)
+            else getattr(inner, "__name__", str(inner)))
     if typing.get_origin(inner) is list:
         name = "list of " + typing.get_args(inner)[0].__name__
     return name + (" or null" if optional else "")
@@ -132,12 +133,21 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return float(value)
     elif inner is str or _is_choice(inner):  # choices are checked by validate_config
         if isinstance(value, str):
-            return value
+            return _numbered(value, inner)
+        if isinstance(value, int) and not isinstance(value, bool) \
+                and value in typing.get_args(inner):
+            return value  # a number among the choices (zero_stage: 1)
         if isinstance(value, bool) and str(value).lower() in typing.get_args(inner):
             return str(value).lower()  # YAML's true / false for an auto | true | false key
     raise ConfigError(
         f"config key '{key}' expects {_type_name(hint)}, got {value!r} ({type(value).__name__})"
     )
+
+
+def _numbered(text: str, hint: Any) -> Any:
+    """"1" -> 1 where the choices hold the number 1 (`--set zero_stage=1`)."""
+    numbers = _is_choice(hint) and any(isinstance(a, int) for a in typing.get_args(hint))
+    return int(text) if numbers and text.isdigit() else text
 
 
 def _build(cls: type, raw: Any, prefix: str = "") -> Any:
@@ -308,7 +318,8 @@ def validate_config(cfg: Config) -> None:
         value = config_value(cfg, key)
         if value not in allowed:
             raise ConfigError(
-                f"config key '{key}' must be one of {', '.join(allowed)}; got {value!r}"
+                f"config key '{key}' must be one of {', '.join(map(str, allowed))}; "
+                f"got {value!r}"
             )
     _check_ranges(cfg)
     _check_relations(cfg)

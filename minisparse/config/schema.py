@@ -50,6 +50,8 @@ Operator = Literal["+", "-", "*"]
 Switch = Literal["auto", "on", "off"]
 # A switch the memory plan (grpo/memory_plan.py) sets when auto; YAML's true/false work too.
 AutoBool = Literal["auto", "true", "false"]
+# DeepSpeed's ZeRO stage; auto: the memory plan's choice between 1 and 2.
+ZeroStage = Literal["auto", 0, 1, 2, 3]
 
 
 def choices(kind: object) -> tuple[str, ...]:
@@ -72,7 +74,6 @@ Share = Annotated[float, Rule("in (0, 1]", lambda v: 0 < v <= 1)]
 Similarity = Annotated[float, Rule("in [-1, 1]", lambda v: -1 <= v <= 1)]
 OddCount = Annotated[int, Rule("odd and >= 1", lambda v: v >= 1 and v % 2 == 1)]
 TopK = Annotated[int, Rule("-1 (off) or >= 1", lambda v: v == -1 or v >= 1)]
-ZeroStage = Annotated[int, Rule("0, 1, 2 or 3", lambda v: v in (0, 1, 2, 3))]
 
 
 @dataclass
@@ -274,7 +275,11 @@ class Config:
     global_batch_size: Count = 256
     num_steps_per_rollout: Count = 4
     max_tokens_per_gpu: Count = 8192
-    zero_stage: ZeroStage = 2
+    # auto: ZeRO 1 (one gradient reduction a step) where the memory plan finds it costs
+    # nothing ZeRO 2 would not (no more checkpointed layers, no optimizer offload, the
+    # training state kept through rollouts as under 2, the same log-prob micro-batches);
+    # else ZeRO 2, whose gradient partition holds 1/N of the gradients. No plan: ZeRO 2.
+    zero_stage: ZeroStage = "auto"
     # AdamW moments and fp32 master weights wait on the CPU during the update's forward and
     # backward passes, back for each optimizer step; auto: only where the memory plan
     # finds nothing else fits.

@@ -60,7 +60,7 @@ import torch
 
 from minisparse.compression.trigger import max_cache_tokens
 from minisparse.config.schema import Config
-from minisparse.grpo.optim import overlaps_reduction
+from minisparse.grpo.optim import overlaps_reduction, zero_stage_of
 from minisparse.models.loading import attention_heads
 
 GIB = 1024**3
@@ -146,7 +146,7 @@ def setup_of(cfg: Config, shape: ModelShape, world: int, liger: bool) -> Setup:
     dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[cfg.model.dtype]
     per_rank = cfg.rollout_batch_size * cfg.n_samples_per_prompt // world
     return Setup(
-        shape=shape, dtype_bytes=dtype_bytes, world=world, zero_stage=cfg.zero_stage,
+        shape=shape, dtype_bytes=dtype_bytes, world=world, zero_stage=zero_stage_of(cfg),
         longest=cfg.data.max_prompt_len + cfg.max_response_len,
         max_tokens=cfg.max_tokens_per_gpu, logprob_chunk=cfg.model.logprob_chunk,
         liger=liger, sdpa=cfg.model.attention == "sdpa", reference=cfg.loss.kl_coef > 0,

@@ -17,7 +17,12 @@ It decides:
 * the log-prob passes' micro-batch budget: max_tokens_per_gpu, less where those passes
   would not fit. The update's micro-batches keep max_tokens_per_gpu; a sequence longer
   than it gets a micro-batch of its own (batching.pack_by_tokens), and the plan counts
-  that one.
+  that one;
+* the ZeRO stage (zero_stage: auto): 1 where its plan gives up nothing of ZeRO 2's (the
+  same or fewer checkpointed layers, no optimizer offload that 2 avoids, the training
+  state kept through rollouts where 2 keeps it, the same log-prob micro-batches), else 2.
+  ZeRO 1 reduces gradients across GPUs once a step instead of after every micro-batch
+  (updates 2-12% faster measured on H200s) but holds every gradient on each GPU.
 
 It plans against the memory free on the GPU at start (gpu_memory_gb, when set, caps it;
 without a GPU only gpu_memory_gb makes a plan) less HEADROOM, which the estimates leave
@@ -43,6 +48,7 @@ from minisparse.grpo.memory_estimate import (GIB, Setup, all_or_none, backward_p
                                              rollout_peak, rollout_resident, setup_of,
                                              shape_of, step_peak, training_state, update_peak)
 from minisparse.grpo.metric import Max
+from minisparse.grpo.optim import zero_stage_of
 
 HEADROOM = 0.08  # of the GPU's memory, kept free
 # GPU memory in use by other processes at start worth naming (a CUDA context is ~0.5 GiB)
@@ -66,6 +72,8 @@ class MemoryPlan:
     # decoder layers under gradient checkpointing, the first ones (None: every layer)
     checkpointed_layers: int | None = None
     keep_state: bool = False  # the training state stays on the GPU through rollouts
+    zero_stage: int = 2  # DeepSpeed's, as set or chosen (zero_stage: auto)
+    zero_note: str = ""  # why, when chosen
 
     @property
     def usable(self) -> int:
@@ -98,7 +106,8 @@ class MemoryPlan:
         ]
         head = (f"memory plan: {self.device}, {_gib(cap)} GiB, planned to "
                 f"{_gib(self.usable)} ({HEADROOM:.0%} kept free); {_count(s.shape.params)} "
-                f"parameters, ZeRO {s.zero_stage} over {s.world} GPU"
+                f"parameters, ZeRO {s.zero_stage}"
+                + (f" ({self.zero_note})" if self.zero_note else "") + f" over {s.world} GPU"
                 f"{'s' if s.world > 1 else ''}; sequences up to {longest:,} tokens")
         lines = [head, f"  {'phase':9s} {'peak GiB':>8s}"]
         lines += [f"  {name:9s} {_gib(self.peaks[name]):>8s}  {what}" for name, what in rows]
@@ -110,6 +119,7 @@ class MemoryPlan:
         out = {"gradient_checkpointing": self.gradient_checkpointing,
                "checkpointed_layers": self.checkpointed_layers,
                "keep_state": self.keep_state,
+               "zero_stage": self.zero_stage, "zero_note": self.zero_note,
                "optimizer_offload": self.optimizer_offload,
                "logprob_tokens": self.logprob_tokens, "update_tokens": self.update_tokens,
                "planned": self.setup is not None, "note": self.note}
@@ -154,7 +164,7 @@ def plan_memory(cfg: Config, device: torch.device, world: int) -> MemoryPlan:
         capacity = int(all_reduce(torch.tensor([capacity], dtype=torch.float64), "min").item())
     config = model_config(cfg.model.path)
     liger = liger_applies(cfg.model.liger_kernel, config.model_type, device.type == "cuda")
-    return make_plan(cfg, setup_of(cfg, shape_of(config), world, liger), capacity, name)
+    return plan_zero_stage(cfg, setup_of(cfg, shape_of(config), world, liger), capacity, name)
 
 
 def gpu_capacity(cfg: Config, device: torch.device) -> tuple[int, str] | None:
@@ -214,13 +224,50 @@ def _round(n: int, floor: int) -> int:
 def not_planned(cfg: Config) -> MemoryPlan:
     return MemoryPlan(gradient_checkpointing=cfg.model.gradient_checkpointing == "true",
                       optimizer_offload=cfg.optimizer_offload == "true",
-                      logprob_tokens=cfg.max_tokens_per_gpu, update_tokens=cfg.max_tokens_per_gpu)
+                      logprob_tokens=cfg.max_tokens_per_gpu, update_tokens=cfg.max_tokens_per_gpu,
+                      zero_stage=zero_stage_of(cfg))
+
+
+def plan_zero_stage(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
+    """make_plan at the ZeRO stage set; under zero_stage=auto, ZeRO 1's plan where it
+    gives up nothing of ZeRO 2's (_zero_1_cost), else ZeRO 2's."""
+    if cfg.zero_stage != "auto":
+        return make_plan(cfg, s, capacity, device)
+    two = make_plan(cfg, replace(s, zero_stage=2), capacity, device)
+    try:
+        one = make_plan(cfg, replace(s, zero_stage=1), capacity, device)
+    except ConfigError:  # ZeRO 2 holds less: fits where 1 may not
+        one = None
+    cost = _zero_1_cost(one, two)
+    chosen = two if cost else one
+    chosen.zero_note = (f"auto: ZeRO 1 would {cost}" if cost else
+                        "auto: it fits as ZeRO 2 would, with one gradient reduction a step")
+    return chosen
+
+
+def _zero_1_cost(one: MemoryPlan | None, two: MemoryPlan) -> str:
+    """What ZeRO 1's plan gives up against ZeRO 2's, in words; "" when nothing."""
+    if one is None:
+        return "not fit"
+    layers = [p.checkpointed_layers if p.gradient_checkpointing else 0 for p in (one, two)]
+    layers = [two.setup.shape.layers if n is None else n for n in layers]
+    if one.optimizer_offload and not two.optimizer_offload:
+        return "need the optimizer state on the CPU during the update"
+    if layers[0] > layers[1]:
+        more = layers[0] - layers[1]
+        return f"checkpoint {more} more layer{'s' if more > 1 else ''}"
+    if two.keep_state and not one.keep_state:
+        return "move the training state off the GPU for rollouts"
+    if one.logprob_tokens < two.logprob_tokens:
+        return f"cut log-prob micro-batches to {one.logprob_tokens:,} tokens"
+    return ""
 
 
 def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
     """The plan for setup s on a GPU of `capacity` bytes; ConfigError (one line naming the
     setting and what would fit) when the fixed settings cannot fit."""
-    plan = MemoryPlan(False, False, s.max_tokens, s.max_tokens, s, capacity, device)
+    plan = MemoryPlan(False, False, s.max_tokens, s.max_tokens, s, capacity, device,
+                      zero_stage=s.zero_stage)
     usable = plan.usable
     worst = s.worst_tokens
     need = rollout_peak(s, capacity)
@@ -306,7 +353,8 @@ def _update_error(cfg: Config, s: Setup, usable: int, capacity: int) -> str:
         return f"max_tokens_per_gpu={s.max_tokens}: {where}; set {smaller[0]}"
     step = step_peak(s)
     if step > usable:
-        return (f"zero_stage={s.zero_stage}: the optimizer step alone needs ~{_size(step)} "
+        stage = f"auto (ZeRO {s.zero_stage})" if cfg.zero_stage == "auto" else s.zero_stage
+        return (f"zero_stage={stage}: the optimizer step alone needs ~{_size(step)} "
                 f"of the {_size(usable)} planned for on each of {s.world} GPU(s) "
                 f"(weights, fp32 master weights, AdamW moments, gradients); use more GPUs")
     prompt = cfg.data.max_prompt_len

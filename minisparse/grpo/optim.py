@@ -63,13 +63,20 @@ def overlaps_reduction(on_gpu: bool, world: int, zero_stage: int) -> bool:
     return on_gpu and world > 1 and zero_stage >= 2
 
 
+def zero_stage_of(cfg: Config) -> int:
+    """The ZeRO stage a run builds DeepSpeed with. train.py writes the memory plan's choice
+    over zero_stage=auto; without a plan auto is ZeRO 2, which holds the least."""
+    return 2 if cfg.zero_stage == "auto" else cfg.zero_stage
+
+
 def deepspeed_config(cfg: Config, on_gpu: bool, world: int = 1) -> dict[str, Any]:
+    stage = zero_stage_of(cfg)
     zero: dict[str, Any] = {
-        "stage": cfg.zero_stage,
+        "stage": stage,
         "contiguous_gradients": True,
-        "overlap_comm": overlaps_reduction(on_gpu, world, cfg.zero_stage),
+        "overlap_comm": overlaps_reduction(on_gpu, world, stage),
     }
-    if cfg.zero_stage == 3:
+    if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     return {
         "train_micro_batch_size_per_gpu": 1,

@@ -38,7 +38,7 @@ def test_qwen3b_rkv_has_paper_settings():
     assert (c.num_rollout, c.rollout_batch_size, c.n_samples_per_prompt) == (100, 128, 8)
     assert (c.max_response_len, c.temperature) == (4096, 1.0)
     assert (c.global_batch_size, c.num_steps_per_rollout, c.max_tokens_per_gpu) == (256, 4, 8192)
-    assert (c.model.dtype, c.zero_stage, c.save_interval) == ("bfloat16", 1, 10)
+    assert (c.model.dtype, c.zero_stage, c.save_interval) == ("bfloat16", "auto", 10)
     assert c.data.path == "data/simplelr_qwen_level3to5.jsonl" and c.data.shuffle
     assert (c.data.input_key, c.data.label_key) == ("prompt", "label")
     assert (c.loss.advantage, c.loss.kl_type, c.loss.kl_coef) == ("grpo", "low_var_kl", 1e-4)
@@ -67,7 +67,7 @@ def test_variants_differ_from_qwen3b_rkv_only_where_intended():
 
     assert diff("qwen3b_dense") == {"compress.algorithm", "output_dir"}
     assert diff("qwen3b_snapkv") == {"compress.algorithm", "output_dir"}
-    assert diff("qwen7b_rkv") == {"model.path", "output_dir", "zero_stage"}
+    assert diff("qwen7b_rkv") == {"model.path", "output_dir"}
     assert diff("llama1b_rkv") == {"model.path", "output_dir", "data.path"}
     assert diff("qwen3b_dapo") == {"output_dir", "data.path", "data.apply_chat_template"}
     assert load_config("llama1b_rkv").data.path == "data/simplelr_level3to5.jsonl"
@@ -143,6 +143,22 @@ def test_auto_true_false_keys_take_yaml_booleans(tmp_path):
     assert load_config(None, ["gpu_memory_gb=80"]).gpu_memory_gb == 80.0
 
 
+def test_zero_stage_is_auto_or_a_number(tmp_path):
+    """zero_stage: auto (the memory plan picks 1 or 2) by default; a number from YAML or
+    --set stays a number, as DeepSpeed takes it."""
+    assert Config().zero_stage == "auto"
+    path = tmp_path / "c.yaml"
+    path.write_text("zero_stage: 1\n")
+    assert load_config(str(path)).zero_stage == 1
+    assert load_config(None, ["zero_stage=3"]).zero_stage == 3
+    assert load_config(str(path), ["zero_stage=auto"]).zero_stage == "auto"
+    with pytest.raises(ConfigError, match="'zero_stage' must be one of auto, 0, 1, 2, 3; got 'true'"):
+        load_config(None, ["zero_stage=true"])
+    path.write_text("zero_stage: true\n")
+    with pytest.raises(ConfigError, match="'zero_stage' expects one of auto, 0, 1, 2, 3, got True"):
+        load_config(str(path))
+
+
 @pytest.mark.parametrize("override,message", [
     ("model.gradient_checkpointing=sometimes",
      "'model.gradient_checkpointing' must be one of auto, true, false; got 'sometimes'"),
@@ -162,7 +178,8 @@ def test_auto_true_false_keys_take_yaml_booleans(tmp_path):
     ("resume=always", "'resume' must be one of auto, never"),
     ("compress.window=0", "'compress.window' must be >= 1, got 0"),
     ("save_total_limit=0", "'save_total_limit' must be >= 1, got 0"),
-    ("zero_stage=4", "'zero_stage' must be 0, 1, 2 or 3, got 4"),
+    ("zero_stage=4", "'zero_stage' must be one of auto, 0, 1, 2, 3; got 4"),
+    ("zero_stage=one", "'zero_stage' must be one of auto, 0, 1, 2, 3; got 'one'"),
     ("top_p=0", "'top_p' must be in (0, 1], got 0"),
     ("temperature=-0.1", "'temperature' must be >= 0, got -0.1"),
     ("optim.adam_eps=-1", "'optim.adam_eps' must be >= 0"),

@@ -47,6 +47,9 @@ def test_deepspeed_config_follows_cfg():
     assert ds["zero_optimization"]["stage"] == 3 and ds["gradient_clipping"] == 0.5
     assert ds["bf16"]["enabled"] and not ds["fp16"]["enabled"]
     assert ds["managed_gradient_accumulation"] is False
+    # zero_stage=auto that no memory plan resolved (train.py writes the plan's choice)
+    auto = deepspeed_config(Config(), on_gpu=True, world=2)["zero_optimization"]
+    assert (auto["stage"], auto["overlap_comm"]) == (2, True)
 
 
 def test_overlap_comm_only_where_there_is_a_reduction_to_overlap():
