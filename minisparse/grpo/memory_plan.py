@@ -246,15 +246,14 @@ def plan_zero_stage(cfg: Config, s: Setup, capacity: int, device: str) -> Memory
 
 
 def _zero_1_cost(one: MemoryPlan | None, two: MemoryPlan) -> str:
-    """What ZeRO 1's plan gives up against ZeRO 2's, in words; "" when nothing."""
+    """What ZeRO 1's plan gives up against ZeRO 2's, in words; "" when nothing. (A plan
+    make_plan made counts its checkpointed layers: 0 when checkpointing is off.)"""
     if one is None:
         return "not fit"
-    layers = [p.checkpointed_layers if p.gradient_checkpointing else 0 for p in (one, two)]
-    layers = [two.setup.shape.layers if n is None else n for n in layers]
     if one.optimizer_offload and not two.optimizer_offload:
         return "need the optimizer state on the CPU during the update"
-    if layers[0] > layers[1]:
-        more = layers[0] - layers[1]
+    more = one.checkpointed_layers - two.checkpointed_layers
+    if more > 0:
         return f"checkpoint {more} more layer{'s' if more > 1 else ''}"
     if two.keep_state and not one.keep_state:
         return "move the training state off the GPU for rollouts"
