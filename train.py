@@ -18,7 +18,7 @@ engine that samples with the policy's own weights. Each rollout:
 
 GPU memory changes hands between phases: during the rollout the optimizer states sit on
 the CPU and the engine's KV pool is allocated; for the update the pool is released.
-Before any model loads, the memory plan (grpo/memory_plan.py) estimates each phase's peak
+Before any model loads, the memory plan (trainer/memory/plan.py) estimates each phase's peak
 against the GPU, chooses gradient checkpointing and the micro-batch budgets, and stops
 with one line a run whose settings cannot fit.
 """
@@ -39,24 +39,28 @@ from typing import Any
 
 import torch
 
-from minisparse.data.benchmarks import BenchmarkError
-from minisparse.config.schema import Config, ConfigError
 from minisparse.config.cli import RawEpilogHelpFormatter, add_config_args, config_from_args
 from minisparse.config.load import config_to_dict
+from minisparse.config.schema import Config, ConfigError
 from minisparse.compression.trigger import check_compression_reach
+from minisparse.data.benchmarks import BenchmarkError
 from minisparse.data.datasets import DataError, PromptRow, PromptSampler, load_prompts
 from minisparse.engine import RolloutBackend, make_backend
 from minisparse.evaluation import Shard, check_prompt_template, evaluate, flat_metrics
-from minisparse.grpo import distributed as dist
-from minisparse.grpo.advantages import compute_advantages
-from minisparse.grpo.attention import use_attention
-from minisparse.grpo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from minisparse.grpo.corrections import compute_corrections
-from minisparse.grpo.dynamic_sampling import sample_with_signal
-from minisparse.grpo.flops import FlopShape, batch_forward_flops, flop_shape, mfu_metrics, peak_flops
-from minisparse.grpo.logger import MetricsLogger, reduce_metrics, summary_line
-from minisparse.grpo.logprobs import batch_logprobs
-from minisparse.grpo.memory import (
+from minisparse.models.attention import use_attention
+from minisparse.models.checkpointing import checkpoint_layers
+from minisparse.models.flops import FlopShape, batch_forward_flops, flop_shape, mfu_metrics, peak_flops
+from minisparse.models.liger import use_liger_kernel
+from minisparse.models.loading import load_policy
+from minisparse.quiet import quiet_libraries
+# the machinery that trains a DeepSpeed policy
+from minisparse.trainer import distributed as dist
+from minisparse.trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from minisparse.trainer.distributed import Max, Sum
+from minisparse.trainer.logger import MetricsLogger, reduce_metrics, summary_line
+from minisparse.trainer.logprobs import batch_logprobs
+from minisparse.trainer.memory.phases import (
+    TrainingStateOffload,
     free_training_memory,
     phase,
     rollout_memory,
@@ -64,12 +68,18 @@ from minisparse.grpo.memory import (
     train_memory,
     visiting,
 )
-from minisparse.grpo.memory_plan import (MemoryPlan, comparison_line, plan_errors,
-                                         plan_memory, plan_metrics)
-from minisparse.grpo.metric import Max, Sum
+from minisparse.trainer.memory.plan import (MemoryPlan, comparison_line, plan_errors,
+                                            plan_memory, plan_metrics)
+from minisparse.trainer.preflight import PreflightError, check_run
+from minisparse.trainer.report import (config_menu, end_report, finished_message,
+                                       no_config_message, start_report, stop_report)
+from minisparse.trainer.stop import StopOnSignal
+from minisparse.trainer.train_engine import build_train_engine
+# the algorithm: GRPO with the Sparse-RL corrections
+from minisparse.grpo.advantages import compute_advantages
+from minisparse.grpo.corrections import compute_corrections
+from minisparse.grpo.dynamic_sampling import sample_with_signal
 from minisparse.grpo.mismatch import mismatch_metrics
-from minisparse.grpo.optim import TrainingStateOffload, build_train_engine
-from minisparse.grpo.preflight import PreflightError, check_run
 from minisparse.grpo.rollout import (
     RolloutBatch,
     build_batch,
@@ -78,14 +88,7 @@ from minisparse.grpo.rollout import (
     sampling_params,
     score_batch,
 )
-from minisparse.grpo.report import (config_menu, end_report, finished_message,
-                                    no_config_message, start_report, stop_report)
-from minisparse.grpo.stop import StopOnSignal
 from minisparse.grpo.update import train_on_rollout
-from minisparse.models.checkpointing import checkpoint_layers
-from minisparse.models.liger import use_liger_kernel
-from minisparse.models.loading import load_policy
-from minisparse.quiet import quiet_libraries
 
 
 @dataclass
@@ -295,7 +298,7 @@ def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
 
 def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, float]:
     """Achieved TFLOP/s and MFU of the log-prob passes (old, and reference when there is
-    one) and of the update (forward + backward, 3 forwards' worth), see grpo/flops.py;
+    one) and of the update (forward + backward, 3 forwards' worth), see models/flops.py;
     update_fwd_bwd leaves the optimizer steps' time out, as plain HF training loops
     measure it."""
     forward = batch_forward_flops(run.flops, batch.prompts, batch.responses)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from minisparse.grpo.checkpoint import NAME
+from minisparse.trainer.checkpoint import NAME
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -34,7 +34,7 @@ def test_named_files_and_links_exist(doc):
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_checkpoint_paths_are_the_ones_runs_write(doc):
-    """OUTPUT_DIR/checkpoints/rollout_NNNNNN[/hf] (grpo/checkpoint.py), not an older layout."""
+    """OUTPUT_DIR/checkpoints/rollout_NNNNNN[/hf] (trainer/checkpoint.py), not an older layout."""
     for path in CHECKPOINT.findall(doc.read_text()):
         parts = path.rstrip("/.,").split("/")
         assert "checkpoints" in parts, path

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from minisparse.config.load import load_config
-from minisparse.grpo.report import random_weights
+from minisparse.trainer.report import random_weights
 
 REPO = Path(__file__).resolve().parents[1]
 LEFT_OUT = ("outputs", "checkpoints", "results", "data", ".git")  # at the top level

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from minisparse.grpo.checkpoint import complete_checkpoints, latest_checkpoint
+from minisparse.trainer.checkpoint import complete_checkpoints, latest_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # entropy_coef > 0 gives every step a gradient even when the random tiny model earns no

@@ -42,13 +42,13 @@ TisLevel = Literal["token", "sequence", "geometric"]
 TisMode = Literal["truncate", "clip", "mask"]
 PromptTemplate = Literal["boxed", "chat", "user"]  # user: a synthetic training row's turn
 Resume = Literal["auto", "never"]
-# Training-pass attention over packed rows (grpo/attention.py).
+# Training-pass attention over packed rows (models/attention.py).
 Attention = Literal["auto", "flash_attn", "varlen", "sdpa"]
 # Operators of the generated arithmetic (data/synthetic.py; * is rendered as \times).
 Operator = Literal["+", "-", "*"]
 # Liger Kernel's fused RMSNorm, SwiGLU and RoPE in the training passes (models/liger.py).
 Switch = Literal["auto", "on", "off"]
-# A switch the memory plan (grpo/memory_plan.py) sets when auto; YAML's true/false work too.
+# A switch the memory plan (trainer/memory/plan.py) sets when auto; YAML's true/false work too.
 AutoBool = Literal["auto", "true", "false"]
 # DeepSpeed's ZeRO stage; auto: the memory plan's choice between 1 and 2.
 ZeroStage = Literal["auto", 0, 1, 2, 3]
@@ -92,7 +92,7 @@ class ModelConfig:
     # auto: flash_attn where it can run, else varlen. sdpa: transformers' dense
     # block-diagonal mask over the packed row.
     attention: Attention = "auto"
-    # LM head + log-softmax fused over chunks of this many tokens (grpo/fused_logprobs.py);
+    # LM head + log-softmax fused over chunks of this many tokens (models/fused_logprobs.py);
     # 0 materialises the [tokens x vocabulary] logits.
     logprob_chunk: NonNegativeInt = 1024
     # Liger Kernel's fused RMSNorm, SwiGLU and RoPE for the training passes: auto uses them
@@ -249,7 +249,7 @@ class LogConfig:
     wandb: bool = False
     wandb_project: str = "minisparse"
     run_name: str | None = None
-    # Peak dense TFLOP/s per GPU for perf/*_mfu; 0: by device name (grpo/flops.py).
+    # Peak dense TFLOP/s per GPU for perf/*_mfu; 0: by device name (models/flops.py).
     peak_tflops: NonNegative = 0.0
     # Show the libraries' own output too: DeepSpeed's start-up lines, transformers' loading
     # and saving bars and tokenizer warnings (minisparse/quiet.py); off: the run's alone.

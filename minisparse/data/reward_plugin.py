@@ -6,7 +6,7 @@ number: response is the decoded response text, label the row's label, metadata a
 with the prompt text, the row's index in the data file, the sample's number within its
 prompt's group, and every other key of the row's JSONL record (so a task can carry test
 cases or a rubric next to its label). The module is imported and the signature checked
-before any model loads (grpo/preflight.py), so a typo costs a second, not a model load.
+before any model loads (trainer/preflight.py), so a typo costs a second, not a model load.
 """
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from minisparse.config.schema import LossConfig
-from minisparse.grpo.distributed import all_reduce
-from minisparse.grpo.metric import Sum
+from minisparse.trainer.distributed import all_reduce
+from minisparse.trainer.distributed import Sum
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from minisparse.config.schema import LossConfig
-from minisparse.grpo.distributed import all_reduce
-from minisparse.grpo.metric import Max, Sum
+from minisparse.trainer.distributed import all_reduce
+from minisparse.trainer.distributed import Max, Sum
 
 LOG_RATIO_CLAMP = 20.0
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from minisparse.grpo.distributed import all_reduce
-from minisparse.grpo.metric import Max, Sum
+from minisparse.trainer.distributed import all_reduce
+from minisparse.trainer.distributed import Max, Sum
 from minisparse.grpo.rollout import RolloutBatch, take_samples
 
 

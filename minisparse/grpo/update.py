@@ -21,11 +21,11 @@ import time
 import torch
 
 from minisparse.config.schema import Config
-from minisparse.grpo.batching import equalize_across_ranks, step_micro_batches
-from minisparse.grpo.distributed import all_reduce, world_size
-from minisparse.grpo.logprobs import response_logprobs
+from minisparse.trainer.batching import equalize_across_ranks, step_micro_batches
+from minisparse.trainer.distributed import all_reduce, world_size
+from minisparse.trainer.logprobs import response_logprobs
 from minisparse.grpo.loss import grpo_loss, step_denominator
-from minisparse.grpo.optim import TrainingStateOffload
+from minisparse.trainer.memory.phases import TrainingStateOffload
 from minisparse.grpo.rollout import RolloutBatch
 from minisparse.transfer import to_device
 

@@ -5,7 +5,7 @@ element-wise kernels, each a pass over the activations; on a GPU those passes co
 a log-prob pass and an update about a quarter of their time at the paper's shapes.
 Liger Kernel (a maintained library, Triton) fuses each into one kernel and keeps the
 weights as they are: the patched model still loads, saves and feeds the rollout engine
-the same parameters. The LM head is ours (grpo/fused_logprobs.py), which gives the
+the same parameters. The LM head is ours (models/fused_logprobs.py), which gives the
 entropy too and measured faster than Liger's fused linear cross-entropy on the no-grad
 log-prob pass (docs/benchmarks.md).
 """

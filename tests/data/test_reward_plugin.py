@@ -10,7 +10,7 @@ from minisparse.config.schema import ConfigError, RewardConfig
 from minisparse.data.datasets import PromptRow
 from minisparse.data.reward_plugin import load_reward_function
 from minisparse.engine.sequence import SampleOutput
-from minisparse.grpo.preflight import check_run
+from minisparse.trainer.preflight import check_run
 from minisparse.grpo.rollout import build_batch, score_batch
 
 PLUGIN = """

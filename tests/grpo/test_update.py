@@ -6,7 +6,7 @@ import socket
 
 import pytest
 import torch
-from grpo_models import tiny_qwen2
+from policy_models import tiny_qwen2
 
 from minisparse.config.schema import Config
 from minisparse.grpo.corrections import compute_corrections
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU training 
 @pytest.fixture(scope="module", autouse=True)
 def _process_group():
     """A one-process gloo group for DeepSpeed, torn down (with its env vars) afterwards."""
-    from minisparse.grpo.distributed import init_distributed
+    from minisparse.trainer.distributed import init_distributed
 
     saved = dict(os.environ)
     with socket.socket() as s:
@@ -52,7 +52,7 @@ def _cfg(**top) -> Config:
 
 
 def _engine(cfg: Config):
-    from minisparse.grpo.optim import build_train_engine
+    from minisparse.trainer.train_engine import build_train_engine
 
     return build_train_engine(
         tiny_qwen2(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1, max_positions=64),

@@ -41,8 +41,8 @@ def test_on_names_what_is_missing(tiny, monkeypatch):
                     reason="needs a GPU and liger-kernel")
 @pytest.mark.parametrize("shape", ["qwen2.5-1.5b", "llama-3.2-1b"])
 def test_patched_policy_matches_plain_on_gpu(shape):
-    from minisparse.grpo.attention import use_attention
-    from minisparse.grpo.logprobs import response_logprobs
+    from minisparse.models.attention import use_attention
+    from minisparse.trainer.logprobs import response_logprobs
 
     torch.manual_seed(0)
     plain = load_policy(shape, "bfloat16", torch.device("cuda"))[0]

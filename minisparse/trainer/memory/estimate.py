@@ -1,5 +1,5 @@
 """Each phase's peak GPU memory, estimated from the model's shape before anything is
-loaded: what the memory plan (memory_plan.py) decides from.
+loaded: what the memory plan (plan.py) decides from.
 
 One GPU holds three phases in turn (train.py): the rollout (weights + the engine's KV
 pool), the log-prob passes (no gradients; the reference model visits) and the update
@@ -60,7 +60,7 @@ import torch
 
 from minisparse.compression.trigger import max_cache_tokens
 from minisparse.config.schema import Config
-from minisparse.grpo.optim import overlaps_reduction, zero_stage_of
+from minisparse.trainer.train_engine import overlaps_reduction, zero_stage_of
 from minisparse.models.loading import attention_heads
 
 GIB = 1024**3

@@ -15,7 +15,7 @@ VOCAB = 151_936
 
 @pytest.fixture(scope="module")
 def kernels():
-    from minisparse.grpo import fused_logprobs_triton
+    from minisparse.models import fused_logprobs_triton
     return fused_logprobs_triton
 
 
@@ -32,7 +32,7 @@ def test_row_grad_full_vocab(kernels, with_logp, with_ent):
 def test_head_kernels_match_pytorch_path():
     """fused_logprobs on CUDA (kernels, float32 weight-gradient GEMM) against the same
     call with the PyTorch ops, bf16 like a real run: 3,000 tokens in chunks of 1,024."""
-    from minisparse.grpo import fused_logprobs as fl
+    from minisparse.models import fused_logprobs as fl
 
     g = torch.Generator(device="cuda").manual_seed(0)
     hidden = (torch.randn(3000, 2048, device="cuda", generator=g) * 0.5).bfloat16()

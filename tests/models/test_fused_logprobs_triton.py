@@ -1,14 +1,14 @@
-"""The fused LM head's Triton kernels (grpo/fused_logprobs_triton.py) under Triton's CPU
+"""The fused LM head's Triton kernels (models/fused_logprobs_triton.py) under Triton's CPU
 interpreter, against float64 autograd: row statistics, the in-place logits gradient, and
 the whole chunked head (ChunkedLogprobs) with the kernels in place of the PyTorch ops.
 Vocabularies span several of the kernels' column blocks, the last one partial.
-tests/grpo/test_gpu_fused_logprobs.py runs them compiled at Qwen's vocabulary."""
+tests/models/test_gpu_fused_logprobs.py runs them compiled at Qwen's vocabulary."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minisparse.grpo.fused_logprobs import ChunkedLogprobs
+from minisparse.models.fused_logprobs import ChunkedLogprobs
 from triton_interpreter import import_interpreted
 
 # NumPy warns where the kernels compute -inf - -inf on masked lanes that tl.where drops
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 
 @pytest.fixture(scope="module")
 def kernels():
-    return import_interpreted("minisparse.grpo.fused_logprobs_triton")
+    return import_interpreted("minisparse.models.fused_logprobs_triton")
 
 
 def reference(logits: torch.Tensor, targets: torch.Tensor, temperature: float):

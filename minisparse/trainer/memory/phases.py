@@ -1,11 +1,13 @@
-"""Phase bookkeeping: wall time and peak GPU memory of each phase, and the swap of GPU
-memory between the rollout engine (KV pool) and the trainer (optimizer states).
+"""The phase switches: the swap of GPU memory between the rollout engine (KV pool) and
+the trainer (optimizer states), and each phase's wall time and peak GPU memory.
 
 Rollout and training share one GPU: `rollout_memory` frees what training holds but the
 engine does not need (optimizer states, fp32 master weights, gradient buffers) and gives
 the engine its KV pool back; `train_memory` does the reverse. Where the memory plan keeps
 the training state on the GPU (the rollout's KV cache fits beside it), only the KV pool
-changes hands. The reference model lives
+changes hands (estimate.py counts what each side holds; plan.py decides). Where the
+plan asks for it (optimizer_offload), the optimizer states and master weights also wait
+on the CPU during the update's forward and backward passes. The reference model lives
 on the CPU and visits the GPU for its one forward pass per rollout (`visiting`).
 """
 
@@ -18,10 +20,43 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from minisparse.grpo.metric import Max
-from minisparse.grpo.optim import TrainingStateOffload
+from minisparse.trainer.distributed import Max
 
 GIB = 1024**3
+
+
+class TrainingStateOffload:
+    """Moves what only the update needs off the GPU for the rollout, and back.
+
+    deepspeed 0.19.8's offload_states / reload_states (ZeRO 1/2 and 3) move the AdamW
+    moments, fp32 master weights and gradient buffers to pinned CPU memory. The bf16
+    weights stay: the engine samples with them. A no-op on CPU and for ZeRO 0.
+    """
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        device = next(engine.module.parameters()).device
+        self.active = engine.zero_optimization_stage() > 0 and device.type == "cuda"
+
+    def offload(self) -> None:
+        """Everything the update alone needs: for the rollout."""
+        self._offload("optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer")
+
+    def offload_optimizer(self) -> None:
+        """AdamW moments and fp32 master weights, for the update's forward and backward
+        passes (optimizer_offload): reload() brings them back for the optimizer step."""
+        self._offload("optim_states", "hp_params")
+
+    def _offload(self, *names: str) -> None:
+        if self.active:
+            from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
+
+            include = [getattr(S, name) for name in names]
+            self.engine.offload_states(include=include, pin_memory=True)
+
+    def reload(self) -> None:
+        if self.active:
+            self.engine.reload_states()
 
 
 def _sync(device: torch.device) -> None:

@@ -2,10 +2,10 @@ import math
 
 import pytest
 import torch
-from grpo_models import tiny_qwen2
+from policy_models import tiny_qwen2
 
-from minisparse.grpo.attention import use_attention
-from minisparse.grpo.logprobs import pack_sequences, pad_rows, response_logprobs
+from minisparse.models.attention import use_attention
+from minisparse.trainer.logprobs import pack_sequences, pad_rows, response_logprobs
 
 
 def _model():
@@ -60,7 +60,7 @@ def test_gradients_flow_through_packed_logprobs():
 
 
 def test_chunked_entropy_matches_direct():
-    from minisparse.grpo.logprobs import entropy_metric, token_logprobs
+    from minisparse.trainer.logprobs import entropy_metric, token_logprobs
 
     logits = torch.tensor([[0.0, 0.0], [0.0, 100.0], [1.0, 2.0]])
     direct = token_logprobs(logits, torch.zeros(3, dtype=torch.long), True)[1]
@@ -70,7 +70,7 @@ def test_chunked_entropy_matches_direct():
 
 
 def test_empty_response_gives_a_zero_row():
-    from minisparse.grpo.logprobs import batch_logprobs
+    from minisparse.trainer.logprobs import batch_logprobs
 
     model = _model()
     logp = batch_logprobs(model, [[1, 2], [3, 4]], [[], [5, 6]], width=2, max_tokens=100)

@@ -4,7 +4,7 @@ One forward over a single row holding several sequences back to back, with
 position_ids restarting at 0 for each. Under our packed attentions (attention.py) the
 sequences' boundaries go to a variable-length kernel; under "sdpa" transformers builds a
 block-diagonal causal mask. Either way no padding is computed and the result equals
-per-sequence forwards (tests/grpo/test_logprobs.py checks it). Only the response
+per-sequence forwards (tests/trainer/test_logprobs.py checks it). Only the response
 positions go through the LM head, fused with the float32 log-softmax in chunks
 (fused_logprobs.py) unless `chunk` is 0.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisparse.grpo.attention import PACKED, packing_kwargs
-from minisparse.grpo.batching import pack_by_tokens
-from minisparse.grpo.fused_logprobs import entropy_from, fused_logprobs
+from minisparse.models.attention import PACKED, packing_kwargs
+from minisparse.trainer.batching import pack_by_tokens
+from minisparse.models.fused_logprobs import entropy_from, fused_logprobs
 from minisparse.transfer import to_device
 
 

@@ -2,8 +2,8 @@
 import json
 
 from minisparse.config.load import load_config, shipped_configs
-from minisparse.grpo.checkpoint import MARKER
-from minisparse.grpo.report import (config_menu, end_report, finished_message,
+from minisparse.trainer.checkpoint import MARKER
+from minisparse.trainer.report import (config_menu, end_report, finished_message,
                                     no_config_message, start_report)
 
 

@@ -9,8 +9,8 @@ from minisparse.config.load import load_config
 from minisparse.config.schema import Config, ConfigError
 from minisparse.data.benchmarks import BenchmarkError
 from minisparse.data.datasets import DataError
-from minisparse.grpo.checkpoint import MARKER, CheckpointError
-from minisparse.grpo.preflight import PreflightError, check_run, check_world
+from minisparse.trainer.checkpoint import MARKER, CheckpointError
+from minisparse.trainer.preflight import PreflightError, check_run, check_world
 
 
 def _cfg(tmp_path: Path, *overrides: str):

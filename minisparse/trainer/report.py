@@ -12,7 +12,7 @@ from pathlib import Path
 from minisparse.compression.trigger import first_compression_len
 from minisparse.config.load import load_config, shipped_configs
 from minisparse.config.schema import Config, ConfigError
-from minisparse.grpo.checkpoint import latest_checkpoint
+from minisparse.trainer.checkpoint import latest_checkpoint
 from minisparse.models.loading import SHAPES
 
 ALGORITHMS = {"rkv": "R-KV", "snapkv": "SnapKV"}

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from minisparse.grpo.distributed import all_reduce, world_size
-from minisparse.grpo.metric import Max, Sum
+from minisparse.trainer.distributed import all_reduce, world_size
+from minisparse.trainer.distributed import Max, Sum
 SUMMARY = (
     ("reward", "rollout/reward_mean"),
     ("acc", "rollout/accuracy"),
@@ -28,7 +28,7 @@ SUMMARY = (
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Metrics over all ranks: Sum values added, Max values maximised, others averaged
-    (see grpo/metric.py). Every rank must call it with the same keys (they run the same
+    (see trainer/distributed.py). Every rank must call it with the same keys (they run the same
     code path)."""
     if world_size() == 1:
         return dict(metrics)

@@ -1,6 +1,6 @@
 import json
 
-from minisparse.grpo.logger import MetricsLogger, reduce_metrics, summary_line
+from minisparse.trainer.logger import MetricsLogger, reduce_metrics, summary_line
 
 
 def test_jsonl_rows_and_drop_after(tmp_path):
@@ -54,8 +54,8 @@ def test_summary_line():
 
 def test_reduce_over_ranks_follows_the_value_type(monkeypatch):
     """Two ranks with equal values: Sum doubles, Max and plain floats keep the value."""
-    import minisparse.grpo.logger as logger
-    from minisparse.grpo.metric import Max, Sum
+    import minisparse.trainer.logger as logger
+    from minisparse.trainer.distributed import Max, Sum
 
     monkeypatch.setattr(logger, "world_size", lambda: 2)
     monkeypatch.setattr(logger, "all_reduce",

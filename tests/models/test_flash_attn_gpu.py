@@ -3,10 +3,10 @@ flash-attn-4 installed (skipped elsewhere): the same packed attention, forward a
 backward, and the same log-probs and gradients through an HF model."""
 import pytest
 import torch
-from grpo_models import tiny_qwen2
+from policy_models import tiny_qwen2
 
-from minisparse.grpo import attention
-from minisparse.grpo.attention import (
+from minisparse.models import attention
+from minisparse.models.attention import (
     FLASH_NAME,
     NAME,
     flash_attention_forward,
@@ -14,7 +14,7 @@ from minisparse.grpo.attention import (
     use_attention,
     varlen_attention_forward,
 )
-from minisparse.grpo.logprobs import response_logprobs
+from minisparse.trainer.logprobs import response_logprobs
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from grpo_models import tiny_qwen2
+from policy_models import tiny_qwen2
 from torch.utils.flop_counter import FlopCounterMode
 
-from minisparse.grpo.flops import (
+from minisparse.models.flops import (
     batch_forward_flops,
     flop_shape,
     forward_flops,

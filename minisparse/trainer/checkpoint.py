@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from minisparse.grpo.distributed import barrier, rank, world_size
+from minisparse.trainer.distributed import barrier, rank, world_size
 
 MARKER = "COMPLETE"
 NAME = re.compile(r"^rollout_(\d{6})$")

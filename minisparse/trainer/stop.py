@@ -11,7 +11,7 @@ from types import FrameType
 
 import torch
 
-from minisparse.grpo.distributed import all_reduce
+from minisparse.trainer.distributed import all_reduce
 
 
 class StopOnSignal:

@@ -1,5 +1,5 @@
 """The memory plan, made before the first rollout: each phase's peak GPU memory
-(memory_estimate.py) against the GPU's, the settings chosen where they are `auto`, and
+(estimate.py) against the GPU's, the settings chosen where they are `auto`, and
 a one-line stop (exit 2) where settings a user fixed cannot fit.
 
 It decides:
@@ -41,14 +41,14 @@ from pathlib import Path
 import torch
 
 from minisparse.config.schema import Config, ConfigError
-from minisparse.grpo.batching import pack_by_tokens, step_micro_batches
-from minisparse.grpo.distributed import all_reduce
-from minisparse.grpo.memory_estimate import (GIB, Setup, all_or_none, backward_peak, kv_pool,
+from minisparse.trainer.batching import pack_by_tokens, step_micro_batches
+from minisparse.trainer.distributed import all_reduce
+from minisparse.trainer.memory.estimate import (GIB, Setup, all_or_none, backward_peak, kv_pool,
                                              kv_tokens, logprob_peak, rollout_kv_need,
                                              rollout_peak, rollout_resident, setup_of,
                                              shape_of, step_peak, training_state, update_peak)
-from minisparse.grpo.metric import Max
-from minisparse.grpo.optim import zero_stage_of
+from minisparse.trainer.distributed import Max
+from minisparse.trainer.train_engine import zero_stage_of
 
 HEADROOM = 0.08  # of the GPU's memory, kept free
 # GPU memory in use by other processes at start worth naming (a CUDA context is ~0.5 GiB)

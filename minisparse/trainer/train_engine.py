@@ -1,4 +1,4 @@
-"""The DeepSpeed ZeRO engine that owns the policy during updates, and its memory phases.
+"""The DeepSpeed ZeRO engine that owns the policy during updates.
 
 We hand deepspeed.initialize a torch AdamW (fused on GPU) so nothing is JIT-compiled
 (DeepSpeed's FusedAdam needs a CUDA build), and a LambdaLR schedule so DeepSpeed saves
@@ -9,11 +9,8 @@ divided by the step's denominator), then one step() per optimizer step.
 Nothing else is built either: DeepSpeed's CPU communicator would JIT-compile its
 shared-memory all-reduce op at start-up (see skip_unused_ops).
 
-Memory phases: during rollout the optimizer states, fp32 master weights and gradient
-buffers go to CPU (offload_states, available for ZeRO 1/2 and 3 in deepspeed 0.19.8);
-the bf16 weights stay on the GPU, since the engine samples with them. Where the memory
-plan asks for it (optimizer_offload), the optimizer states and master weights also wait
-on the CPU during the update's forward and backward passes.
+What leaves the GPU between phases, and when, is memory/phases.py's
+(TrainingStateOffload); how much each phase needs, memory/estimate.py's.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from typing import Any
 import torch
 
 from minisparse.config.schema import Config
-from minisparse.grpo.distributed import world_size
+from minisparse.trainer.distributed import world_size
 from minisparse.quiet import hidden_prints
 
 
@@ -134,37 +131,3 @@ def build_train_engine(model: torch.nn.Module, cfg: Config, total_steps: int, de
             dist_init_required=False,
         )
     return engine
-
-
-class TrainingStateOffload:
-    """Moves what only the update needs off the GPU for the rollout, and back.
-
-    deepspeed 0.19.8's offload_states / reload_states (ZeRO 1/2 and 3) move the AdamW
-    moments, fp32 master weights and gradient buffers to pinned CPU memory. The bf16
-    weights stay: the engine samples with them. A no-op on CPU and for ZeRO 0.
-    """
-
-    def __init__(self, engine) -> None:
-        self.engine = engine
-        device = next(engine.module.parameters()).device
-        self.active = engine.zero_optimization_stage() > 0 and device.type == "cuda"
-
-    def offload(self) -> None:
-        """Everything the update alone needs: for the rollout."""
-        self._offload("optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer")
-
-    def offload_optimizer(self) -> None:
-        """AdamW moments and fp32 master weights, for the update's forward and backward
-        passes (optimizer_offload): reload() brings them back for the optimizer step."""
-        self._offload("optim_states", "hp_params")
-
-    def _offload(self, *names: str) -> None:
-        if self.active:
-            from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
-
-            include = [getattr(S, name) for name in names]
-            self.engine.offload_states(include=include, pin_memory=True)
-
-    def reload(self) -> None:
-        if self.active:
-            self.engine.reload_states()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minisparse.config.schema import Config
-from minisparse.grpo.optim import deepspeed_config, lr_factor, param_groups
+from minisparse.trainer.train_engine import deepspeed_config, lr_factor, param_groups
 
 
 def _cfg(schedule, warmup=0, min_lr=0.0):
@@ -69,10 +69,11 @@ def test_overlap_comm_only_where_there_is_a_reduction_to_overlap():
 def test_state_offload_roundtrip_on_gpu(stage):
     import socket
 
-    from grpo_models import tiny_qwen2
+    from policy_models import tiny_qwen2
 
-    from minisparse.grpo.distributed import init_distributed
-    from minisparse.grpo.optim import TrainingStateOffload, build_train_engine
+    from minisparse.trainer.distributed import init_distributed
+    from minisparse.trainer.memory.phases import TrainingStateOffload
+    from minisparse.trainer.train_engine import build_train_engine
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -111,7 +112,7 @@ def test_state_offload_roundtrip_on_gpu(stage):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_visiting_moves_in_and_home_without_copying_back():
-    from minisparse.grpo.memory import visiting
+    from minisparse.trainer.memory.phases import visiting
 
     model = torch.nn.Linear(8, 4)
     model.weight.data = model.weight.data.pin_memory()
@@ -133,7 +134,7 @@ def _zero_worker(rank: int, init_file: str, stage: int, out_dir: str) -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from minisparse.config.load import load_config
-    from minisparse.grpo.optim import build_train_engine
+    from minisparse.trainer.train_engine import build_train_engine
 
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")  # as torchrun
     tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)

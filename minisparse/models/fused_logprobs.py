@@ -63,7 +63,7 @@ def _logits_grad(
     return grad_z
 
 
-KERNELS = "minisparse.grpo.fused_logprobs_triton"  # the CUDA path (a Triton kernel module)
+KERNELS = "minisparse.models.fused_logprobs_triton"  # the CUDA path (a Triton kernel module)
 
 
 def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:

@@ -1,7 +1,12 @@
-"""torch.distributed helpers that work single-process, with gloo (CPU) and nccl (GPU).
+"""torch.distributed helpers that work single-process, with gloo (CPU) and nccl (GPU),
+and how a metric combines over ranks.
 
 NCCL only reduces CUDA tensors and gloo only CPU ones; these helpers move the tensor to
 the backend's device and back, so callers never branch on the backend.
+
+A metric's reduction over ranks is carried by its value where the metric is made, so
+renaming a metric cannot change it: Sum for counts, Max for maxima, a plain float for
+metrics averaged over ranks. Both are floats (they log and compare as floats).
 """
 
 from __future__ import annotations
@@ -86,3 +91,11 @@ def all_gather_object(obj: Any) -> list[Any]:
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+class Sum(float):
+    """A count: added up over ranks."""
+
+
+class Max(float):
+    """A maximum: the largest value over ranks."""

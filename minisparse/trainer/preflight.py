@@ -15,7 +15,7 @@ from minisparse.data.datasets import check_data
 from minisparse.data.synthetic import Difficulty
 from minisparse.data.reward_plugin import load_reward_function
 from minisparse.engine import check_backend
-from minisparse.grpo.checkpoint import CheckpointError, latest_checkpoint, trainer_state
+from minisparse.trainer.checkpoint import CheckpointError, latest_checkpoint, trainer_state
 from minisparse.models.loading import check_model_path
 
 

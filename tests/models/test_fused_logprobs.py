@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from minisparse.grpo.fused_logprobs import fused_logprobs
-from minisparse.grpo.logprobs import token_logprobs
+from minisparse.models.fused_logprobs import fused_logprobs
+from minisparse.trainer.logprobs import token_logprobs
 
 
 def _inputs(t=13, h=16, v=37, seed=0, dtype=torch.float64):

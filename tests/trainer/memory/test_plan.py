@@ -1,4 +1,4 @@
-"""The memory plan (grpo/memory_plan.py, grpo/memory_estimate.py): activation sizes against
+"""The memory plan (trainer/memory/plan.py, trainer/memory/estimate.py): activation sizes against
 what autograd really saves, the decisions for Qwen2.5-3B on an 80 GB GPU at 4k, 8k and
 16k-token responses computed by hand, one-line stops for settings that cannot fit, and
 train.py stopping before any model loads."""
@@ -14,21 +14,21 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from minisparse.config.load import load_config
 from minisparse.config.schema import ConfigError
-from minisparse.grpo.attention import packing_kwargs, use_attention
-from minisparse.grpo.memory import rollout_memory, train_memory
-from minisparse.grpo.memory_estimate import (GIB, activations, backward_peak, first_flush_share,
+from minisparse.models.attention import packing_kwargs, use_attention
+from minisparse.trainer.memory.phases import rollout_memory, train_memory
+from minisparse.trainer.memory.estimate import (GIB, activations, backward_peak, first_flush_share,
                                              gradient_buckets, gradients, head_backward,
                                              kv_tokens, logprob_peak, per_token_layer,
                                              reduction_bucket, training_state,
                                              rollout_kv_need, setup_of, shape_of, step_peak)
-from minisparse.grpo.memory_plan import (_logprob_budget, batch_peaks, comparison_line,
+from minisparse.trainer.memory.plan import (_logprob_budget, batch_peaks, comparison_line,
                                          gpu_capacity, make_plan, not_planned, plan_errors,
                                          plan_zero_stage)
 from minisparse.models.checkpointing import checkpoint_layers, checkpointed_count
 from minisparse.models.liger import liger_available, use_liger_kernel
 from minisparse.models.loading import shape_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # An H100 80GB: torch reports 79.2 GiB, ~78.6 free at start; a round 79 GiB here.
 # The plan counts on 92% of it: 0.92 x 79 = 72.68 GiB.
 H100 = 79 * GIB

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from minisparse.grpo.checkpoint import (
+from minisparse.trainer.checkpoint import (
     MARKER,
     CheckpointError,
     complete_checkpoints,

@@ -1,10 +1,10 @@
 import pytest
 import torch
-from grpo_models import tiny_qwen2
+from policy_models import tiny_qwen2
 
 from minisparse.config.schema import ConfigError
-from minisparse.grpo import attention
-from minisparse.grpo.attention import (
+from minisparse.models import attention
+from minisparse.models.attention import (
     FLASH_NAME,
     NAME,
     _per_sequence_sdpa,
@@ -14,7 +14,7 @@ from minisparse.grpo.attention import (
     use_attention,
     varlen_attention_forward,
 )
-from minisparse.grpo.logprobs import response_logprobs
+from minisparse.trainer.logprobs import response_logprobs
 
 
 def _qkv(lengths, hq=4, hkv=2, d=8, device="cpu", dtype=torch.float64, seed=0):
@@ -174,7 +174,7 @@ def test_cuda_varlen_kernel_matches_per_sequence_sdpa():
 def test_float32_policy_on_a_gpu_runs_per_sequence():
     """The varlen kernels take bf16 / fp16: a float32 policy (tiny_rkv on a GPU) is told so
     at start and its packed passes run per sequence, with the CPU's numbers."""
-    from minisparse.grpo.logprobs import batch_logprobs
+    from minisparse.trainer.logprobs import batch_logprobs
 
     model = tiny_qwen2(vocab=97, hidden=32, layers=2, heads=4, kv_heads=2).eval()
     prompts, responses = [[1, 2, 3], [4, 5]], [[7, 8], [9, 10, 11]]

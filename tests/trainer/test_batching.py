@@ -1,6 +1,6 @@
 import pytest
 
-from minisparse.grpo.batching import (equalize_across_ranks, pack_by_tokens, split_steps,
+from minisparse.trainer.batching import (equalize_across_ranks, pack_by_tokens, split_steps,
                                       step_micro_batches)
 
 
