@@ -1,7 +1,7 @@
 """Score a checkpoint on the Sparse-RL paper's math benchmarks through minisparse's engine.
 
     python eval.py --model PATH --output DIR [--benchmarks gsm8k,math500,...]
-                   [--compress rkv --budget 512 ...] [--config NAME]
+                   [--compress rkv|my_rules:MyRule --budget 512 ...] [--config NAME]
 
 With no other flags it follows the paper's protocol (seven benchmarks, T=0.8, top-p 0.95,
 1 sample / 8,192 tokens, 32 samples / 16,384 tokens on aime24 and amc23, "boxed" prompt).
@@ -108,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(dataclasses.replace(cfg, eval=eval_cfg)), end="")
         return 0
+    from minisparse.compression import check_rule
+
+    check_rule(cfg.compress)  # imported before the benchmarks are read or a model loads
     level = Difficulty.from_config(cfg.data)
     problems = load_benchmarks(eval_cfg.benchmarks, eval_cfg.data_dir, eval_cfg.limit, level)
     from minisparse.engine import check_backend, make_backend

@@ -1,8 +1,9 @@
-"""KV-cache compression for sparse rollouts: selection rules (one file each in rules/:
-R-KV, SnapKV, ...), their batched GPU path, and the triggers that decide when a sequence
-is compressed. See docs/compression.md for the rules and how to write one.
+"""KV-cache compression for sparse rollouts: selection rules (the shipped ones one file
+each in rules/: R-KV, SnapKV, ...; a user's own in their module, module.path:ClassName),
+their batched GPU path, and the triggers that decide when a sequence is compressed. See
+docs/compression.md for the rules and how to write one.
 """
-from .policy import ScoringRule, build_policy, rule_class
+from .policy import ScoringRule, build_policy, check_rule, rule_class
 from .rules.rkv import RKV
 from .rules.snapkv import SnapKV
 from .trigger import (compress_due, evictable_len, max_buffer, max_cache_tokens,
@@ -13,6 +14,7 @@ __all__ = [
     "ScoringRule",
     "SnapKV",
     "build_policy",
+    "check_rule",
     "compress_due",
     "evictable_len",
     "max_buffer",

@@ -5,17 +5,20 @@ A row's first `protected` positions (its prompt, under compress.keep_prompt) are
 evicted and do not count against the budget: the selection is over the positions after
 them, ranked by the same scores.
 
-A rule is one file in minisparse/compression/rules/ that defines a ScoringRule subclass
-with score_batch(); its file name is its `compress.algorithm` value (build_policy).
+A rule is a ScoringRule subclass with score_batch(). `compress.algorithm` names it: a
+shipped rule by its file name in minisparse/compression/rules/ (that module's one
+subclass), a rule of the user's own as module.path:ClassName; rule_class() resolves both
+the same way and check_rule() runs it before any model loads.
 select() serves one sequence in one layer; select_batch() many rows at once.
 """
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 import torch
 
-from minisparse.config.schema import CompressConfig, rule_names
+from minisparse.config.schema import CompressConfig, ConfigError, rule_names
 
 from .scoring import position_mask
 
@@ -31,9 +34,16 @@ class ScoringRule:
     select_batch's scratch memory; it is the device's limit, not a setting.
     uses_queries: False for rules that score without the recent queries; the engine then
     keeps no query ring for them and they get queries=None.
+    name: what a run's report calls the rule (R-KV); a subclass that sets none is called
+    by its class name, not by its parent's.
     """
 
     uses_queries = True
+    name = "ScoringRule"
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.__dict__.get("name", cls.__name__)
 
     def __init__(self, cfg: CompressConfig, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         _check(chunk_bytes > 0, "chunk_bytes", f"must be > 0, got {chunk_bytes}")
@@ -208,18 +218,62 @@ class ScoringRule:
                f"device {queries.device} != keys device {keys.device}")
 
 
-def rule_class(name: str) -> type[ScoringRule]:
-    """The ScoringRule subclass that rules/NAME.py defines (exactly one)."""
-    _check(name in rule_names(), "algorithm",
-           f"no rule {name!r}; the rules are {', '.join(rule_names())}")
-    module = importlib.import_module(f"{__package__}.rules.{name}")
+def rule_class(spec: str) -> type[ScoringRule]:
+    """The ScoringRule subclass compress.algorithm names: module.path:ClassName, or a
+    shipped rule's name (rules/NAME.py, the one subclass it defines). A ConfigError, one
+    line naming the setting, for a module that does not import or a class that is missing
+    or no ScoringRule."""
+    module_name, colon, class_name = spec.partition(":")
+    if not colon:  # a shipped rule: the one ScoringRule subclass of rules/NAME.py
+        _check(spec in rule_names(), _setting(spec),
+               f"no rule {spec} in minisparse/compression/rules/ "
+               f"({', '.join(rule_names())}); a rule of your own is module.path:ClassName",
+               ConfigError)
+        return _only_rule(spec, _import_rule_module(spec, f"{__package__}.rules.{spec}"))
+    found = getattr(_import_rule_module(spec, module_name), class_name, None)
+    _check(found is not None, _setting(spec), f"module {module_name} has no class {class_name}",
+           ConfigError)
+    _check(isinstance(found, type) and issubclass(found, ScoringRule)
+           and found is not ScoringRule, _setting(spec),
+           f"{class_name} in module {module_name} is not a ScoringRule subclass", ConfigError)
+    return found
+
+
+def check_rule(cfg: CompressConfig) -> None:
+    """Imports the rule cfg.algorithm names (none: nothing), so that a typo in a module
+    or class name costs a second before any model loads, not a model load."""
+    if cfg.algorithm != "none":
+        rule_class(cfg.algorithm)
+
+
+def _import_rule_module(spec: str, module_name: str) -> ModuleType:
+    """The module a rule lives in; ConfigError when it is not found or fails to import."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        own = module_name == exc.name or module_name.startswith(f"{exc.name}.")
+        hint = " (is its folder on sys.path, e.g. PYTHONPATH?)" if own else ""
+        raise ConfigError(f"{_setting(spec)}: cannot import module {module_name}: "
+                          f"{exc}{hint}") from None
+    except Exception as exc:  # the module itself failed while importing
+        raise ConfigError(f"{_setting(spec)}: importing module {module_name} raised "
+                          f"{type(exc).__name__}: {exc}") from None
+
+
+def _only_rule(spec: str, module: ModuleType) -> type[ScoringRule]:
+    """The one ScoringRule subclass a shipped rule's file defines."""
     found = [v for v in vars(module).values()
              if isinstance(v, type) and issubclass(v, ScoringRule)
              and v.__module__ == module.__name__]
-    _check(len(found) == 1, "algorithm",
-           f"rules/{name}.py must define exactly one ScoringRule subclass, found "
-           f"{[c.__name__ for c in found]}")
+    _check(len(found) == 1, _setting(spec),
+           f"rules/{spec}.py must define exactly one ScoringRule subclass, found "
+           f"{[c.__name__ for c in found]}", ConfigError)
     return found[0]
+
+
+def _setting(spec: str) -> str:
+    """How a rule's errors name the setting: compress.algorithm='my_rules:MyRule'."""
+    return f"compress.algorithm={spec!r}"
 
 
 def build_policy(cfg: CompressConfig) -> ScoringRule | None:
@@ -231,7 +285,8 @@ def _unsqueeze(queries: torch.Tensor | None) -> torch.Tensor | None:
     return None if queries is None else queries.unsqueeze(0)
 
 
-def _check(ok: bool, name: str, message: str) -> None:
-    """Raise ValueError naming the offending parameter."""
+def _check(ok: bool, name: str, message: str,
+           error: type[ValueError] = ValueError) -> None:
+    """Raise `error` naming the offending parameter (or setting: ConfigError)."""
     if not ok:
-        raise ValueError(f"{name}: {message}")
+        raise error(f"{name}: {message}")

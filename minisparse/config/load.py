@@ -70,7 +70,8 @@ def key_default(key: str) -> Any:
 
 
 def range_rules() -> dict[str, Rule]:
-    """Dotted key -> range Rule, for every number key whose type carries one."""
+    """Dotted key -> Rule, for every key whose type carries one (a number's range,
+    compress.algorithm's form)."""
     rules = {}
     for key, hint in _leaf_hints().items():
         for meta in getattr(hint, "__metadata__", ()):
@@ -262,7 +263,7 @@ def _check_ranges(cfg: Config) -> None:
     for key, rule in range_rules().items():
         value = config_value(cfg, key)
         if value is not None and not rule.ok(value):
-            raise ConfigError(f"config key '{key}' must be {rule.text}, got {value}")
+            raise ConfigError(f"config key '{key}' must be {rule.text}, got {value!r}")
 
 
 def _check_bounds(lower_key: str, upper_key: str, lower: float, upper: float) -> None:

@@ -4,18 +4,21 @@ module share, so a key means the same thing in train.py, eval.py and the engine.
 Top-level keys are the slime-style run settings (num_rollout, rollout_batch_size, ...);
 sections group what belongs to one component (model, data, reward, compress, engine,
 optim, loss, eval, log). Each field's type carries its allowed values (Literal) or range
-(Rule), and HELP says what a key means where a command-line flag sets it; load.py beside
-this reads, overrides and validates a Config; cli.py builds the flags from all three.
+(Rule; compress.algorithm's Rule is its form), and HELP says what a key means where a
+command-line flag sets it; load.py beside this reads, overrides and validates a Config;
+cli.py builds the flags from all three.
 """
 from __future__ import annotations
 
 import pkgutil
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-# Compression rules: one file per rule in this folder, named as compress.algorithm names it.
+# The shipped compression rules: one file per rule in this folder, named as
+# compress.algorithm names it (a rule of the user's own is module.path:ClassName).
 RULES_DIR = Path(__file__).resolve().parents[1] / "compression" / "rules"
 
 
@@ -28,7 +31,6 @@ def rule_names() -> tuple[str, ...]:
 
 # Allowed values of the string settings: validation and every CLI's `choices` read these.
 Dtype = Literal["bfloat16", "float16", "float32"]
-Algorithm = Literal[("none", *rule_names())]  # none: dense rollouts
 DivideMethod = Literal["step_length", "newline"]
 Pooling = Literal["max", "avg"]
 GroupPooling = Literal["max", "mean"]
@@ -61,9 +63,10 @@ def choices(kind: object) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Rule:
-    """A number field's range, checked by validate_config (a None value passes)."""
+    """A field's range (or a string's form), checked by validate_config (a None value
+    passes)."""
     text: str  # what the value must be, as the error message says it
-    ok: Callable[[float], bool]
+    ok: Callable[[Any], bool]
 
 
 Count = Annotated[int, Rule(">= 1", lambda v: v >= 1)]
@@ -74,6 +77,21 @@ Share = Annotated[float, Rule("in (0, 1]", lambda v: 0 < v <= 1)]
 Similarity = Annotated[float, Rule("in [-1, 1]", lambda v: -1 <= v <= 1)]
 OddCount = Annotated[int, Rule("odd and >= 1", lambda v: v >= 1 and v % 2 == 1)]
 TopK = Annotated[int, Rule("-1 (off) or >= 1", lambda v: v == -1 or v >= 1)]
+
+# module.path:ClassName, a compression rule in the user's own importable module.
+RULE_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def is_algorithm(value: str) -> bool:
+    """Whether compress.algorithm has a valid form: none, a shipped rule or
+    module.path:ClassName. The form alone: config/ imports no rule (it is the lowest
+    layer); minisparse.compression's check_rule imports it before any model loads."""
+    return value == "none" or value in rule_names() or bool(RULE_SPEC.fullmatch(value))
+
+
+# compress.algorithm: none (dense rollouts), a shipped rule or a rule of the user's own.
+Algorithm = Annotated[str, Rule(f"none, a shipped rule ({', '.join(rule_names())}) or "
+                                f"module.path:ClassName", is_algorithm)]
 
 
 @dataclass
@@ -316,8 +334,9 @@ HELP = {
     "model.path": "HF checkpoint dir; tiny: a tiny random model built locally; or a shape "
                   "name such as qwen2.5-3b for random weights",
     "model.dtype": "weights' dtype",
-    "compress.algorithm": "KV-cache compression during generation: none (dense) or the "
-                          "name of a rule in minisparse/compression/rules/ (rkv: R-KV)",
+    "compress.algorithm": "KV-cache compression during generation (none: dense; rkv: "
+                          "R-KV); a rule of your own is a ScoringRule subclass in an "
+                          "importable module, see docs/compression.md",
     "compress.budget": "KV tokens a sequence keeps after each compression",
     "compress.window": "recent tokens always kept; rules that score with queries use "
                        "theirs",

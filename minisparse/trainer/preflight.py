@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from minisparse.compression import check_rule
 from minisparse.config.schema import Config, ConfigError
 from minisparse.data.benchmarks import load_benchmarks
 from minisparse.data.datasets import check_data
@@ -35,6 +36,7 @@ def check_run(cfg: Config, world: int, resume_required: bool) -> Checked:
     """Every check, cheapest first; raises on the first failure."""
     check_world(cfg, world)
     check_backend(cfg)
+    check_rule(cfg.compress)
     check_model_path(cfg.model.path)
     check_data(cfg.data)
     if cfg.reward.function:

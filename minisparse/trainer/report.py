@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from minisparse.compression.policy import rule_class
 from minisparse.compression.trigger import first_compression_len
 from minisparse.config.load import load_config, shipped_configs
 from minisparse.config.schema import Config, ConfigError
 from minisparse.trainer.checkpoint import latest_checkpoint
 from minisparse.models.loading import SHAPES
-
-ALGORITHMS = {"rkv": "R-KV", "snapkv": "SnapKV"}
 
 
 def random_weights(model_path: str) -> bool:
@@ -48,7 +47,7 @@ def cache_line(cfg: Config, longest_prompt: int) -> str:
                  f"prompt, {longest_prompt} tokens)")
     kept = (f"the prompt + {c.budget} response tokens kept" if c.keep_prompt
             else f"{c.budget} tokens kept")
-    return (f"rollout KV cache: {ALGORITHMS[c.algorithm]}, {kept}, "
+    return (f"rollout KV cache: {rule_class(c.algorithm).name}, {kept}, "
             f"compressed {how}; {when}")
 
 
@@ -129,11 +128,12 @@ def config_menu() -> str:
     for name in shipped_configs():
         try:
             cfg = load_config(name)
-        except ConfigError as exc:  # a broken shipped config still gets its line
+            c = cfg.compress
+            cache = ("dense" if c.algorithm == "none"
+                     else f"{rule_class(c.algorithm).name} {c.budget}")
+        except ConfigError as exc:  # a broken config (or its rule) still gets its line
             rows.append(f"  {name:16} (does not load: {exc})")
             continue
-        c = cfg.compress
-        cache = "dense" if c.algorithm == "none" else f"{ALGORITHMS[c.algorithm]} {c.budget}"
         weights = " (random weights)" if random_weights(cfg.model.path) else ""
         rows.append(f"  {name:16} {cfg.model.path}{weights}, {cache}, {cfg.num_rollout} "
                     f"rollouts of {cfg.rollout_batch_size} x {cfg.n_samples_per_prompt}")

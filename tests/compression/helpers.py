@@ -1,5 +1,9 @@
-"""Random inputs shaped like one layer's cache, shared by the compression tests."""
+"""Random inputs shaped like one layer's cache, and the example rule of
+docs/compression.md, shared by the compression tests."""
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import torch
 
@@ -29,3 +33,13 @@ def make_inputs(h_kv: int, group: int, length: int, window: int, dim: int = 16,
 def make_policy(algorithm: str, **settings) -> ScoringRule:
     """The rule of that name, built from a CompressConfig with these settings."""
     return build_policy(CompressConfig(algorithm=algorithm, **settings))
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "compression.md"
+
+
+def doc_rule_module() -> str:
+    """The text of `my_rules.py` as docs/compression.md prints it ("Write your own rule",
+    its first Python block)."""
+    text = DOC.read_text().split("## Write your own rule", 1)[1]
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)

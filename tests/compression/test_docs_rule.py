@@ -4,8 +4,6 @@ ranks highest (the newest query's attention, averaged over each KV head's query 
 from __future__ import annotations
 
 import math
-import re
-from pathlib import Path
 
 import torch
 
@@ -13,17 +11,13 @@ from minisparse.compression import ScoringRule
 from minisparse.config.schema import CompressConfig
 
 from . import reference
-from .helpers import make_inputs
-
-DOC = Path(__file__).resolve().parents[2] / "docs" / "compression.md"
+from .helpers import doc_rule_module, make_inputs
 
 
 def example_rule() -> type[ScoringRule]:
-    text = DOC.read_text().split("## Write your own rule", 1)[1]
-    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     namespace: dict = {}
-    exec(compile(code, "docs/compression.md", "exec"), namespace)
-    return namespace["LastQuery"]
+    exec(compile(doc_rule_module(), "docs/compression.md", "exec"), namespace)
+    return namespace["MyRule"]
 
 
 def last_query_scores(keys: torch.Tensor, queries: torch.Tensor, window: int) -> torch.Tensor:

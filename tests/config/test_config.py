@@ -1,5 +1,6 @@
 import argparse
 import dataclasses
+import sys
 
 import pytest
 
@@ -173,7 +174,11 @@ def test_zero_stage_is_auto_or_a_number(tmp_path):
     ("num_rollout=2.5", "'num_rollout' expects int, got 2.5"),
     ("model.dtype=fp8", "'model.dtype' must be one of bfloat16, float16, float32; got 'fp8'"),
     ("compress.algorithm=h2o",
-     "'compress.algorithm' must be one of none, knorm, rkv, snapkv, streaming_llm; got 'h2o'"),
+     "'compress.algorithm' must be none, a shipped rule (knorm, rkv, snapkv, streaming_llm) "
+     "or module.path:ClassName, got 'h2o'"),
+    ("compress.algorithm=my_rules", "or module.path:ClassName, got 'my_rules'"),
+    ("compress.algorithm=my_rules:", "or module.path:ClassName, got 'my_rules:'"),
+    ("compress.algorithm=my rules:R", "or module.path:ClassName, got 'my rules:R'"),
     ("loss.tis_mode=cap", "'loss.tis_mode' must be one of truncate, clip, mask"),
     ("resume=always", "'resume' must be one of auto, never"),
     ("compress.window=0", "'compress.window' must be >= 1, got 0"),
@@ -214,6 +219,13 @@ def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError) as info:
         load_config("tiny_rkv", [override])
     assert message in str(info.value)
+
+
+def test_a_rule_of_ones_own_is_checked_by_its_form_alone():
+    """config/ imports no rule (the compression layer's check_rule does, before a model
+    loads): module.path:ClassName loads whether or not that module exists."""
+    cfg = load_config("tiny_rkv", ["compress.algorithm=my_pkg.rules:MyRule"])
+    assert cfg.compress.algorithm == "my_pkg.rules:MyRule" and "my_pkg" not in sys.modules
 
 
 def test_budget_may_be_small_when_compression_off():

@@ -1,10 +1,14 @@
 """What a run says at start, at the end, and instead of redoing a finished run."""
 import json
 
+import pytest
+
+from minisparse.compression import rule_class
 from minisparse.config.load import load_config, shipped_configs
+from minisparse.config.schema import rule_names
 from minisparse.trainer.checkpoint import MARKER
-from minisparse.trainer.report import (config_menu, end_report, finished_message,
-                                    no_config_message, start_report)
+from minisparse.trainer.report import (cache_line, config_menu, end_report,
+                                    finished_message, no_config_message, start_report)
 
 
 def _checkpoint(out, rollout):
@@ -85,3 +89,10 @@ def test_no_config_lists_every_shipped_config():
     menu = config_menu().splitlines()
     assert [line.split()[0] for line in menu] == shipped_configs()
     assert "tiny (random weights), R-KV 16, 3 rollouts of 4 x 4" in config_menu()
+
+
+@pytest.mark.parametrize("algorithm", rule_names())
+def test_cache_line_names_every_shipped_rule_by_its_own_name(algorithm):
+    cfg = load_config("tiny_rkv", [f"compress.algorithm={algorithm}"])
+    assert cache_line(cfg, 30).startswith(
+        f"rollout KV cache: {rule_class(algorithm).name}, 16 tokens kept, compressed every 8")

@@ -12,6 +12,7 @@ from minisparse.compression.scoring import accumulate_dtype
 class KNorm(ScoringRule):
     """Score = -||key||_2 per KV head (float32; float64 for float64 keys)."""
 
+    name = "KNorm"
     uses_queries = False
 
     def score_batch(self, keys: torch.Tensor, queries: None,

@@ -11,6 +11,8 @@ from minisparse.compression.scoring import redundancy, uses_triton
 class RKV(SnapKV):
     """SnapKV's settings plus a CompressConfig's mix_lambda and sim_threshold."""
 
+    name = "R-KV"
+
     def score_batch(self, keys: torch.Tensor, queries: torch.Tensor,
                     lengths: torch.Tensor) -> torch.Tensor:
         """lambda * importance - (1 - lambda) * redundancy."""

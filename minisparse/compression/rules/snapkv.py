@@ -11,6 +11,8 @@ from minisparse.compression.scoring import attention_importance
 class SnapKV(ScoringRule):
     """Attention importance (CompressConfig's kernel_size, pooling, group_pooling)."""
 
+    name = "SnapKV"
+
     def score_batch(self, keys: torch.Tensor, queries: torch.Tensor,
                     lengths: torch.Tensor) -> torch.Tensor:
         c = self.cfg

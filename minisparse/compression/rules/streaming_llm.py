@@ -14,6 +14,7 @@ class StreamingLLM(ScoringRule):
     for all of them keeps the first); the rest score their position, newest highest.
     Reads a CompressConfig's n_sink besides budget and window."""
 
+    name = "StreamingLLM"
     uses_queries = False
 
     def score_batch(self, keys: torch.Tensor, queries: None,

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from minisparse.compression import evictable_len, max_cache_tokens
+from minisparse.compression import check_rule, evictable_len, max_cache_tokens
 from minisparse.compression.trigger import unreachable
 from minisparse.config.cli import (ENGINE_KEYS, HelpFormatter, add_config_flags, config_overrides,
                                    flag_name)
@@ -77,16 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Flags checked before any model loads: a bad value, a device this torch lacks or a
-    compression that would never run exits 2 naming it."""
+    """Flags checked before any model loads: a bad value, a device this torch lacks, a
+    --compress rule that does not import or a compression that would never run exits 2
+    naming it."""
     p = build_parser()
     args = p.parse_args(argv)
     try:
         cfg = bench_config(args)
     except ConfigError as exc:
         p.error(str(exc))
-    problem = device_problem(args.device) or unreachable(
-        cfg.compress, args.prompt_len, args.max_new_tokens, _flag)
+    problem = (device_problem(args.device) or rule_problem(cfg)
+               or unreachable(cfg.compress, args.prompt_len, args.max_new_tokens, _flag))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
@@ -105,6 +106,15 @@ def device_problem(device: str) -> str | None:
         build = "a CPU-only build" if torch.version.cuda is None else "no GPU visible"
         return (f"--device {device}: torch {torch.__version__} has no CUDA here ({build}); "
                 f"use --device cpu")
+    return None
+
+
+def rule_problem(cfg: Config) -> str | None:
+    """Why --compress names no usable rule (None when it does): one line, like the rest."""
+    try:
+        check_rule(cfg.compress)
+    except ConfigError as exc:
+        return str(exc)
     return None
 
 

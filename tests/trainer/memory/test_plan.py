@@ -3,6 +3,7 @@ what autograd really saves, the decisions for Qwen2.5-3B on an 80 GB GPU at 4k, 
 16k-token responses computed by hand, one-line stops for settings that cannot fit, and
 train.py stopping before any model loads."""
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -488,8 +489,9 @@ def test_without_a_gpu_nothing_is_planned():
 
 def _train(out: Path, *sets: str, config: str = "tiny_rkv") -> subprocess.CompletedProcess:
     args = [a for s in (f"output_dir={out}", "resume=never", *sets) for a in ("--set", s)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # planned as on a machine without a GPU
     return subprocess.run([sys.executable, "train.py", "--config", config, *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, check=False)
+                          capture_output=True, text=True, timeout=600, check=False, env=env)
 
 
 def test_train_stops_before_any_model_loads(tmp_path):

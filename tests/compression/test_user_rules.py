@@ -1,0 +1,143 @@
+"""compress.algorithm names a shipped rule (a file of compression/rules/) or a rule in the
+user's own module (module.path:ClassName), resolved by one function, rule_class. Every
+shipped rule and docs/compression.md's my_rules.py (written outside the package) compress
+in a one-rollout tiny train and a tiny eval; a rule that cannot be resolved stops
+train.py, eval.py and the engine bench with one line before any model loads."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import eval as eval_cli
+from minisparse.compression import RKV, ScoringRule, rule_class
+from minisparse.config.schema import rule_names
+from minisparse.engine.bench import run as bench
+
+from .helpers import doc_rule_module
+
+REPO = Path(__file__).resolve().parents[2]
+USER_RULE = "my_rules:MyRule"
+# Not a ScoringRule: appended to the documented module for the error case.
+NOT_A_RULE = "\n\nclass NotARule:\n    pass\n"
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(scope="module")
+def rules_dir(tmp_path_factory) -> Path:
+    """A folder outside the package holding my_rules.py, the documented example."""
+    folder = tmp_path_factory.mktemp("user-rules")
+    (folder / "my_rules.py").write_text(doc_rule_module() + NOT_A_RULE)
+    return folder
+
+
+@pytest.fixture
+def user_path(rules_dir, monkeypatch) -> Path:
+    """rules_dir importable in this process (in-process eval and bench)."""
+    monkeypatch.syspath_prepend(str(rules_dir))
+    return rules_dir
+
+
+def _train(rules_dir: Path, cache: Path, *sets: str) -> subprocess.CompletedProcess:
+    """train.py on tiny_rkv, my_rules importable through PYTHONPATH as a user's would be."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    env.update(MINISPARSE_CACHE=str(cache),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(rules_dir),
+                                                        env.get("PYTHONPATH")])))
+    args = [arg for key in sets for arg in ("--set", key)]
+    return subprocess.run([sys.executable, "train.py", "--config", "tiny_rkv", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _eval_args(out: Path, model: str, algorithm: str) -> list[str]:
+    return ["--model", model, "--benchmarks", "arithmetic", "--limit", "2", "--compress",
+            algorithm, "--budget", "32", "--divide-length", "8", "--dtype", "float32",
+            "--device", "cpu", "--n-samples", "1", "--max-new-tokens", "16", "--no-progress",
+            "--kv-cpu-memory-gb", "0.25", "--output", str(out)]
+
+
+def test_rule_class_resolves_shipped_and_user_rules_alike(user_path):
+    assert rule_class("rkv") is RKV is rule_class("minisparse.compression.rules.rkv:RKV")
+    mine = rule_class(USER_RULE)
+    assert issubclass(mine, ScoringRule) and mine.__module__ == "my_rules"
+    assert mine.name == "LastQuery" and mine.uses_queries
+
+    class Tweaked(RKV):  # a subclass names itself, not its parent
+        pass
+
+    assert (Tweaked.name, RKV.name, ScoringRule.name) == ("Tweaked", "R-KV", "ScoringRule")
+
+
+@pytest.mark.parametrize("algorithm", [*rule_names(), USER_RULE])
+def test_rule_compresses_in_a_tiny_train_and_eval(
+        algorithm, rules_dir, user_path, tiny_path, tmp_path, _minisparse_cache):
+    out = tmp_path / "train"
+    res = _train(rules_dir, _minisparse_cache, f"compress.algorithm={algorithm}",
+                 "num_rollout=1", "save_interval=0", "log.tensorboard=false",
+                 f"output_dir={out}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"rollout KV cache: {rule_class(algorithm).name}, 16 tokens kept" in res.stdout
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["compress/compressions_per_sample"] > 0
+    assert row["compress/evicted_tokens_per_sample"] > 0
+
+    evaluated = tmp_path / "eval"
+    assert eval_cli.main(_eval_args(evaluated, "tiny", algorithm)) == 0
+    summary = json.loads((evaluated / "arithmetic" / "metrics.json").read_text())
+    assert summary["settings"]["compress"]["algorithm"] == algorithm
+    assert summary["metrics"]["mean_compressions"] > 0
+    assert summary["metrics"]["engine"]["evicted_tokens"] > 0
+
+
+BAD_RULES = {
+    "missing module": ("no_such_rules_xyz:MyRule",
+                       "cannot import module no_such_rules_xyz: No module named "
+                       "'no_such_rules_xyz' (is its folder on sys.path, e.g. PYTHONPATH?)"),
+    "missing class": ("my_rules:Nope", "module my_rules has no class Nope"),
+    "not a rule": ("my_rules:NotARule",
+                   "NotARule in module my_rules is not a ScoringRule subclass"),
+}
+
+
+def _train_error(spec: str, model: Path, rules_dir: Path, cache: Path, out: Path,
+                 capsys) -> tuple[int, str]:
+    res = _train(rules_dir, cache, f"compress.algorithm={spec}", f"model.path={model}",
+                 f"output_dir={out}")
+    return res.returncode, res.stderr
+
+
+def _eval_error(spec: str, model: Path, rules_dir: Path, cache: Path, out: Path,
+                capsys) -> tuple[int, str]:
+    code = eval_cli.main(_eval_args(out, str(model), spec))
+    return code, capsys.readouterr().err
+
+
+def _bench_error(spec: str, model: Path, rules_dir: Path, cache: Path, out: Path,
+                 capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--device", "cpu", "--model", str(model), "--compress", spec])
+    return exit_.value.code, capsys.readouterr().err
+
+
+COMMANDS = {"train.py": ("error: ", _train_error), "eval.py": ("eval.py: error: ", _eval_error),
+            "bench": ("error: ", _bench_error)}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", BAD_RULES)
+def test_unusable_rule_exits_2_with_one_line_before_a_model_loads(
+        command, case, rules_dir, user_path, tmp_path, _minisparse_cache, capsys):
+    """The model is a folder that passes the path check but cannot load: had anything
+    loaded it, its traceback would follow the line."""
+    model = tmp_path / "broken-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    spec, message = BAD_RULES[case]
+    prefix, run = COMMANDS[command]
+    code, err = run(spec, model, rules_dir, _minisparse_cache, tmp_path / "out", capsys)
+    assert code == 2
+    assert err.splitlines() == [f"{prefix}compress.algorithm={spec!r}: {message}"]
