@@ -36,19 +36,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import train  # noqa: E402
 from minisparse.config.cli import add_config_args, config_from_args  # noqa: E402
-from minisparse.trainer import distributed as dist  # noqa: E402
-from minisparse.models.attention import use_attention  # noqa: E402
-from minisparse.models.flops import flop_shape, peak_flops  # noqa: E402
-from minisparse.trainer.logprobs import batch_logprobs  # noqa: E402
-from minisparse.trainer.memory.phases import phase  # noqa: E402
-from minisparse.models import fused_logprobs  # noqa: E402
-from minisparse.trainer.memory.plan import not_planned, plan_memory  # noqa: E402
-from minisparse.trainer.memory.phases import TrainingStateOffload  # noqa: E402
-from minisparse.trainer.train_engine import build_train_engine  # noqa: E402
 from minisparse.grpo.rollout import RolloutBatch  # noqa: E402
+from minisparse.models import fused_logprobs  # noqa: E402
+from minisparse.models.attention import use_attention  # noqa: E402
 from minisparse.models.checkpointing import checkpoint_layers, checkpointed_count  # noqa: E402
+from minisparse.models.flops import flop_shape, peak_flops  # noqa: E402
 from minisparse.models.liger import use_liger_kernel  # noqa: E402
 from minisparse.models.loading import load_policy  # noqa: E402
+from minisparse.trainer import distributed as dist  # noqa: E402
+from minisparse.trainer.logprobs import batch_logprobs  # noqa: E402
+from minisparse.trainer.memory.phases import TrainingStateOffload, phase  # noqa: E402
+from minisparse.trainer.memory.plan import not_planned, plan_memory  # noqa: E402
+from minisparse.trainer.train_engine import build_train_engine  # noqa: E402
 
 @dataclass(frozen=True)
 class Variant:

@@ -27,6 +27,14 @@ def _cfg(**kw) -> LossConfig:
     return LossConfig(**base)
 
 
+def _against_uniform_sampler(old_logp: list[list[float]], **cfg):
+    """Corrections of dense log-probs old_logp against a sampler whose log-probs are all 0
+    (so each token's ratio is exp(old_logp)), every token a response token."""
+    old = torch.tensor(old_logp)
+    return compute_corrections(old, torch.zeros_like(old), torch.ones_like(old, dtype=torch.bool),
+                               _cfg(**cfg))
+
+
 def test_log_ratio_clamped_and_masked():
     old = torch.tensor([[0.0, -30.0, 0.0]])
     roll = torch.tensor([[-1.0, 0.0, 5.0]])
@@ -72,25 +80,14 @@ def test_token_truncate_weights_and_metrics():
 
 def test_sequence_clip_weights():
     # sequence ratios: 2*2 = 4 -> clipped to 1.5; 0.5*0.5 = .25 -> clipped up to 0.5
-    old = torch.tensor([[L2, L2], [-L2, -L2]])
-    c = compute_corrections(
-        old,
-        torch.zeros(2, 2),
-        torch.ones(2, 2, dtype=torch.bool),
-        _cfg(tis_level="sequence", tis_mode="clip"),
-    )
+    c = _against_uniform_sampler([[L2, L2], [-L2, -L2]], tis_level="sequence", tis_mode="clip")
     close(c.weights, [[1.5, 1.5], [0.5, 0.5]])
 
 
 def test_geometric_mask_weights():
     # geometric means: sqrt(2*4)=2.83 -> masked to 0; sqrt(2*0.5)=1 -> kept
-    old = torch.tensor([[L2, 2 * L2], [L2, -L2]])
-    c = compute_corrections(
-        old,
-        torch.zeros(2, 2),
-        torch.ones(2, 2, dtype=torch.bool),
-        _cfg(tis_level="geometric", tis_mode="mask"),
-    )
+    c = _against_uniform_sampler([[L2, 2 * L2], [L2, -L2]], tis_level="geometric",
+                                 tis_mode="mask")
     close(c.weights, [[0.0, 0.0], [1.0, 1.0]])
 
 
