@@ -1,7 +1,7 @@
-"""The memory plan (trainer/memory/plan.py, trainer/memory/estimate.py): activation sizes against
-what autograd really saves, the decisions for Qwen2.5-3B on an 80 GB GPU at 4k, 8k and
-16k-token responses computed by hand, one-line stops for settings that cannot fit, and
-train.py stopping before any model loads."""
+"""The memory plan (trainer/memory/plan.py): the decisions for Qwen2.5-3B on an 80 GB GPU
+at 4k, 8k and 16k-token responses computed by hand, the ZeRO stage under auto, one-line
+stops for settings that cannot fit, planned peaks beside measured ones, and train.py
+stopping before any model loads."""
 import json
 import os
 import subprocess
@@ -11,153 +11,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
 
+from memory_setups import H100, zero2_setup
 from minisparse.config.load import load_config
 from minisparse.config.schema import ConfigError
-from minisparse.models.attention import packing_kwargs, use_attention
-from minisparse.trainer.memory.phases import rollout_memory, train_memory
-from minisparse.trainer.memory.estimate import (GIB, activations, backward_peak, first_flush_share,
-                                             gradient_buckets, gradients, head_backward,
-                                             kv_tokens, logprob_peak, per_token_layer,
-                                             reduction_bucket, training_state,
-                                             rollout_kv_need, setup_of, shape_of, step_peak)
-from minisparse.trainer.memory.plan import (_logprob_budget, batch_peaks, comparison_line,
-                                         gpu_capacity, make_plan, not_planned, plan_errors,
-                                         plan_zero_stage)
-from minisparse.models.checkpointing import checkpoint_layers, checkpointed_count
-from minisparse.models.liger import liger_available, use_liger_kernel
 from minisparse.models.loading import shape_config
+from minisparse.trainer.memory.estimate import (GIB, backward_peak, gradient_buckets, gradients,
+                                               head_backward, kv_tokens, logprob_peak,
+                                               reduction_bucket, rollout_kv_need, setup_of,
+                                               shape_of, step_peak, training_state)
+from minisparse.trainer.memory.plan import (_logprob_budget, batch_peaks, comparison_line,
+                                           gpu_capacity, make_plan, not_planned, plan_errors,
+                                           plan_zero_stage)
 
 REPO = Path(__file__).resolve().parents[3]
-# An H100 80GB: torch reports 79.2 GiB, ~78.6 free at start; a round 79 GiB here.
-# The plan counts on 92% of it: 0.92 x 79 = 72.68 GiB.
-H100 = 79 * GIB
-
-
-SMALL = dict(vocab_size=512, hidden_size=256, intermediate_size=704, num_attention_heads=8,
-             num_key_value_heads=2, max_position_embeddings=4096)
-
-
-def _saved_bytes(config, tokens: int, dtype: torch.dtype, checkpointed: int | None,
-                 device: str = "cpu", liger: bool = False) -> int:
-    """Bytes autograd saves for the backward of a decoder (weights aside), one packed row
-    and the varlen attention as in training, with the first `checkpointed` layers under
-    gradient checkpointing (None: all)."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
-    use_attention(model, "varlen")
-    if liger:
-        use_liger_kernel(model, "on", on_gpu=True)
-    checkpoint_layers(model, checkpointed)
-    model.train()
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    ids = torch.randint(0, 512, (1, tokens), device=device)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.model(input_ids=ids, position_ids=torch.arange(tokens, device=device)[None],
-                    use_cache=False, **packing_kwargs([tokens], ids.device))
-    return sum(saved.values())
-
-
-def _per_token_layer(make_config, dtype, checkpointing, tokens=(256, 512), **kw) -> float:
-    """Saved bytes of one token in one layer: the second layer and the second block of
-    tokens isolate it from the embedding, the final norm and fixed-size buffers."""
-    layers = None if checkpointing else 0
-    layer = [_saved_bytes(make_config(2), n, dtype, layers, **kw)
-             - _saved_bytes(make_config(1), n, dtype, layers, **kw) for n in tokens]
-    return (layer[1] - layer[0]) / (tokens[1] - tokens[0])
-
-
-@pytest.mark.parametrize("dtype,b", [(torch.float32, 4), (torch.bfloat16, 2)])
-def test_activation_formula_is_what_autograd_saves(dtype, b):
-    """PyTorch ops: b(4H + 2Hq + 2Hkv + 4I) + 8H + 4(heads + 2), with H = Hq = 256,
-    Hkv = 64, I = 704, 8 heads: bf16 2*(1024 + 512 + 128 + 2816) + 2048 + 40 = 11,048."""
-    cfg = load_config("tiny_rkv", [f"model.dtype={'float32' if b == 4 else 'bfloat16'}"])
-    s = setup_of(cfg, shape_of(Qwen2Config(num_hidden_layers=1, **SMALL)), 1, liger=False)
-    make = lambda layers: Qwen2Config(num_hidden_layers=layers, **SMALL)  # noqa: E731
-    assert _per_token_layer(make, dtype, False) == per_token_layer(s) == (
-        20_008 if b == 4 else 11_048)
-    # with checkpointing a layer keeps its input only; one recomputed layer comes on top
-    # for the whole stack (T·a)
-    assert _per_token_layer(make, dtype, True) == b * 256
-    assert activations(s, 512, 1) - activations(s, 256, 1) == 256 * (
-        b * 256 + per_token_layer(s))
-
-
-def test_checkpointing_some_layers_saves_what_the_formula_says():
-    """Three layers, the first one checkpointed: it keeps b·H a token instead of a, and no
-    recomputed layer comes on top (its recompute follows the other layers' backward);
-    gradients are those of the run without checkpointing."""
-    cfg = load_config("tiny_rkv")
-    config = Qwen2Config(num_hidden_layers=3, **SMALL)
-    s = setup_of(cfg, shape_of(config), 1, liger=False)
-    per_token = [(_saved_bytes(config, 512, torch.float32, c)
-                  - _saved_bytes(config, 256, torch.float32, c)) / 256 for c in (0, 1)]
-    assert per_token[0] - per_token[1] == per_token_layer(s) - 4 * 256
-    assert activations(s, 256, 0) - activations(s, 256, 1) == 256 * (per_token_layer(s) - 4 * 256)
-
-    grads = []
-    for count in (0, 1, None):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        checkpoint_layers(model, count)
-        assert checkpointed_count(model) == {0: 0, 1: 1, None: 3}[count]
-        model.train()
-        ids = torch.randint(0, 512, (1, 40))
-        model(input_ids=ids).logits.square().mean().backward()
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-    torch.testing.assert_close(grads[1], grads[0])
-    torch.testing.assert_close(grads[2], grads[0])
-    with pytest.raises(ValueError, match="4 checkpointed layers asked of a model with 3"):
-        checkpoint_layers(model, 4)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or not liger_available(),
-                    reason="needs CUDA and liger-kernel")
-def test_liger_activation_formula_on_the_gpu():
-    """Liger's RMSNorm, SwiGLU and RoPE with torch's varlen flash kernel, Qwen2.5-3B's
-    layer: b(4H + 2Hq + 2Hkv + 3I) + 4(heads + 2) = 91,720 bytes (so on an H100 80GB)."""
-    make = lambda layers: shape_config("qwen2.5-3b", num_hidden_layers=layers)  # noqa: E731
-    s = setup_of(load_config("qwen3b_rkv"), shape_of(make(1)), 1, liger=True)
-    assert _per_token_layer(make, torch.bfloat16, False, tokens=(2048, 4096), device="cuda",
-                            liger=True) == per_token_layer(s) == 91_720
-
-
-@pytest.fixture(scope="module")
-def qwen3b():
-    return shape_of(shape_config("qwen2.5-3b"))
-
-
-def _setup(qwen3b, *overrides, world=1):
-    """qwen3b_rkv under ZeRO 2, whose bucket flushes the hand-computed figures follow
-    (the config's ZeRO 1: test_zero_1_by_hand)."""
-    cfg = load_config("qwen3b_rkv", ["data.max_prompt_len=160", "zero_stage=2", *overrides])
-    return cfg, setup_of(cfg, qwen3b, world, liger=True)
-
-
-def test_qwen3b_sizes_by_hand(qwen3b):
-    """P = 3,085,938,688 (tied embedding once). Liger layer, H = Hq = 2048, Hkv = 256,
-    I = 11008, 16 heads: a = 2(8192 + 4096 + 512 + 33024) + 72 = 91,720 bytes (measured on
-    an H100 with saved-tensor hooks: 91,720). Optimizer step under ZeRO 2 on one GPU:
-    2P weights + 4P master + 8P AdamW + 2P gradients + 2P flat copy + 4P fp32 = 22P =
-    67,890,651,136 bytes = 63.23 GiB (63.30 measured); with 4 GPUs 2P + 20P/4 = 7P."""
-    _, s = _setup(qwen3b)
-    assert qwen3b.params == 3_085_938_688 and qwen3b.layer_params == 77_070_336
-    assert per_token_layer(s) == 91_720
-    assert step_peak(s) == 22 * qwen3b.params == 67_890_651_136
-    assert step_peak(_setup(qwen3b, world=4)[1]) == 7 * qwen3b.params
-    # the first step makes the AdamW moments after the flat copy is freed: 20P (57.55 measured)
-    assert step_peak(s, adam=False) == 20 * qwen3b.params
-    # one 8,352-token sequence, no checkpointing: 8352 x 36 x 91,720 = 27,577,635,840 bytes
-    assert activations(s, 8352, False) == 27_577_635_840
 
 
 def test_zero_1_by_hand(qwen3b):
@@ -180,7 +47,7 @@ def test_zero_1_by_hand(qwen3b):
     assert plan.checkpointed_layers == 3 and not plan.optimizer_offload and plan.keep_state
     assert round(plan.peaks["update"] / GIB, 2) == 72.16
     # one GPU: the same training state as ZeRO 2 (its gradient partition is every gradient)
-    assert training_state(s) == training_state(_setup(qwen3b)[1]) == 14 * qwen3b.params
+    assert training_state(s) == training_state(zero2_setup(qwen3b)[1]) == 14 * qwen3b.params
     # several GPUs: every gradient on each, the reduction once a step
     four = setup_of(cfg, qwen3b, 4, liger=True)
     assert gradients(four) == 2 * qwen3b.params and gradient_buckets(four) == 1
@@ -237,31 +104,6 @@ def test_zero_stage_auto_takes_zero_1_where_it_costs_nothing():
     assert plan.zero_stage == 1 and plan.zero_note == ""
 
 
-def test_qwen7b_on_two_gpus_by_hand():
-    """Qwen2.5-7B (P = 7,614,699,008, LM head untied: V x H = 544,538,624 elements) under
-    ZeRO 2 on two GPUs, 8,192-token micro-batches, no checkpointing. The head's gradient is
-    the backward's first and alone fills DeepSpeed's 5e8-element bucket, so the first flush
-    comes before any layer's activations are freed; with two ranks DeepSpeed overlaps the
-    reduction and double-buffers the bucket. State 2P + 12P/2 (56.73 GiB) + the previous
-    micro-batch's gradients P (7.09) + activations 8192 x 28 x 158,840 (33.93) + the new
-    partition (7.09) + two buckets of 1e9 bytes (1.86) + the head's gradient 2VH (1.01) +
-    one layer's work 8192 x 2 x (18944 + 7168) (0.40) = 108.12 GiB: measured 107.91 on two
-    H200s (was planned 104.6 when the first flush was taken to free 2.15 layers and one
-    bucket was counted)."""
-    cfg = load_config("qwen7b_rkv", ["data.max_prompt_len=160", "rollout_batch_size=64",
-                                     "global_batch_size=128"])
-    m = shape_of(shape_config("qwen2.5-7b"))
-    s = setup_of(cfg, m, 2, liger=True)
-    assert (m.params, m.tied, m.vocab * m.hidden) == (7_614_699_008, False, 544_538_624)
-    assert per_token_layer(s) == 158_840 and first_flush_share(s) == 0
-    assert gradient_buckets(s) == 2 and gradient_buckets(setup_of(cfg, m, 1, True)) == 1
-    assert backward_peak(s, 8192, 0, False) == 116_097_970_176
-    assert round(backward_peak(s, 8192, 0, False) / GIB, 2) == 108.12
-    # a tied head (Qwen2.5-3B) comes last: 5e8 / (36 x 77,070,336) of the layers are done
-    _, s3 = _setup(shape_of(shape_config("qwen2.5-3b")))
-    assert round(first_flush_share(s3), 4) == 0.1802
-
-
 @pytest.mark.parametrize("response,tokens,layers,without", [
     # 4k: sequences of 160 + 4,096 = 4,256 tokens, micro-batches up to 8,192. Without
     # checkpointing, at a later micro-batch's first gradient-bucket flush: state 14P (40.24
@@ -287,7 +129,7 @@ def test_qwen7b_on_two_gpus_by_hand():
     (16384, 8192, 20, 99.0),
 ])
 def test_decisions_on_an_80gb_gpu(qwen3b, response, tokens, layers, without):
-    cfg, s = _setup(qwen3b, f"max_response_len={response}", f"max_tokens_per_gpu={tokens}")
+    cfg, s = zero2_setup(qwen3b, f"max_response_len={response}", f"max_tokens_per_gpu={tokens}")
     plan = make_plan(cfg, s, H100, "H100")
     assert plan.gradient_checkpointing is (layers > 0) and not plan.optimizer_offload
     assert plan.checkpointed_layers == layers
@@ -313,7 +155,7 @@ def test_decisions_on_an_80gb_gpu(qwen3b, response, tokens, layers, without):
 
 
 def test_log_prob_budget_is_the_largest_that_fits(qwen3b):
-    cfg, s = _setup(qwen3b, "max_response_len=4096", "max_tokens_per_gpu=8192")
+    cfg, s = zero2_setup(qwen3b, "max_response_len=4096", "max_tokens_per_gpu=8192")
     # a log-prob token more: its layer's work 2 x (3 x 2048 + 3 x 11008) and its hidden
     # state before the chunked head 2 x 2048 bytes (Liger, flash attention: no mask)
     assert logprob_peak(s, 8192) - logprob_peak(s, 4096) == 4096 * 82_432
@@ -326,7 +168,7 @@ def test_log_prob_budget_is_the_largest_that_fits(qwen3b):
 def test_checkpointing_fixed_on_takes_every_layer(qwen3b):
     """model.gradient_checkpointing=true is every layer, as a user asking for it expects:
     at 16k the backward then needs 56.98 GiB and the optimizer step (63.23) sets the peak."""
-    cfg, s = _setup(qwen3b, "max_response_len=16384", "model.gradient_checkpointing=true")
+    cfg, s = zero2_setup(qwen3b, "max_response_len=16384", "model.gradient_checkpointing=true")
     plan = make_plan(cfg, s, H100, "H100")
     assert plan.checkpointed_layers == 36 and plan.peaks["update"] == step_peak(s)
     assert round(backward_peak(s, 16544, 36, False) / GIB, 2) == 56.98
@@ -365,26 +207,9 @@ def test_training_state_stays_where_the_rollout_fits_beside_it(qwen3b, config, g
     assert not make_plan(cfg, no_zero, 200 * GIB, "GPU").keep_state
 
 
-def test_a_kept_state_moves_nothing_but_the_pool():
-    """With keep_state the swaps leave the optimizer state alone; the engine still sleeps
-    and wakes (its pool is freed for the update and sized afresh for the rollout)."""
-    calls = []
-
-    class Recorder:
-        def __getattr__(self, name):
-            return lambda: calls.append(name)
-
-    for keep in (True, False):
-        calls.clear()
-        rollout_memory(Recorder(), Recorder(), torch.device("cpu"), keep_state=keep)
-        train_memory(Recorder(), Recorder(), torch.device("cpu"))
-        assert calls == (["wake", "sleep", "reload"] if keep else
-                         ["offload", "wake", "sleep", "reload"])
-
-
 def test_four_gpus_shard_the_state_and_need_no_checkpointing(qwen3b):
     """8k on 4 GPUs, ZeRO 2: state 2P + 12P/4 = 5P, gradients 2P/4 each: 43.55 GiB."""
-    cfg, s = _setup(qwen3b, "max_response_len=8192", world=4)
+    cfg, s = zero2_setup(qwen3b, "max_response_len=8192", world=4)
     plan = make_plan(cfg, s, H100, "H100")
     assert not plan.gradient_checkpointing and round(plan.peaks["update"] / GIB, 2) == 43.55
 
@@ -392,7 +217,7 @@ def test_four_gpus_shard_the_state_and_need_no_checkpointing(qwen3b):
 def test_fixed_off_checkpointing_moves_the_optimizer_state_instead(qwen3b):
     """8k with model.gradient_checkpointing=false: only with AdamW moments and master
     weights (12P = 34.49 GiB) on the CPU does the backward fit (74.53 - 34.49 = 40.05)."""
-    cfg, s = _setup(qwen3b, "max_response_len=8192", "model.gradient_checkpointing=false")
+    cfg, s = zero2_setup(qwen3b, "max_response_len=8192", "model.gradient_checkpointing=false")
     plan = make_plan(cfg, s, H100, "H100")
     assert (plan.gradient_checkpointing, plan.optimizer_offload) == (False, True)
     assert round(backward_peak(s, 8352, 0, True) / GIB, 2) == 40.05
@@ -415,7 +240,7 @@ def test_fixed_off_checkpointing_moves_the_optimizer_state_instead(qwen3b):
                                   "(data.max_prompt_len 160 + max_response_len) needs ~"),
 ])
 def test_settings_that_cannot_fit_are_one_line(qwen3b, overrides, line):
-    cfg, s = _setup(qwen3b, *overrides)
+    cfg, s = zero2_setup(qwen3b, *overrides)
     with pytest.raises(ConfigError) as info:
         make_plan(cfg, s, H100, "H100")
     message = str(info.value)
@@ -451,7 +276,7 @@ def test_planned_peaks_of_a_batch(qwen3b):
     peak 64.07 GiB (64.05 measured on an H100), log-probs with the reference visiting
     46.60 (46.48 measured when Liger's head ran them: 2bTH, ours bTH + b·chunk·V). Before any step there are no AdamW moments yet: the log-probs
     need 8P less, and the first optimizer step makes them (20P)."""
-    cfg, s = _setup(qwen3b, "max_response_len=4096", "max_tokens_per_gpu=4096")
+    cfg, s = zero2_setup(qwen3b, "max_response_len=4096", "max_tokens_per_gpu=4096")
     plan = make_plan(cfg, s, H100, "H100")
     peaks = batch_peaks(plan, [4247, 4247], num_steps=1, steps_done=3)
     assert round(peaks["update"] / GIB, 2) == 64.07
