@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     settings = run_settings(cfg, eval_cfg.benchmarks)
     summary = evaluate(engine, tokenizer, eval_cfg, args.output, settings=settings,
                        seed=cfg.seed, overwrite=args.overwrite, progress=args.progress,
-                       problems=problems, reward_workers=cfg.reward.workers)
+                       problems=problems, reward=cfg.reward)
     print(format_table(summary))
     print(f"results in {Path(args.output).resolve()}")
     return 0

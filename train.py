@@ -32,7 +32,7 @@ import random
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from minisparse.config.cli import RawEpilogHelpFormatter, add_config_args, config_from_args
-from minisparse.config.load import config_to_dict
+from minisparse.config.load import check_training_config, config_to_dict
 from minisparse.config.schema import Config, ConfigError
 from minisparse.compression.trigger import check_compression_reach
 from minisparse.data.benchmarks import BenchmarkError
@@ -55,7 +55,8 @@ from minisparse.models.loading import load_policy
 from minisparse.quiet import quiet_libraries
 # the machinery that trains a DeepSpeed policy
 from minisparse.trainer import distributed as dist
-from minisparse.trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from minisparse.trainer.checkpoint import (CheckpointError, DiskFullError, load_checkpoint,
+                                           save_checkpoint)
 from minisparse.trainer.distributed import Max, Sum
 from minisparse.trainer.logger import MetricsLogger, reduce_metrics, summary_line
 from minisparse.trainer.logprobs import batch_logprobs
@@ -71,6 +72,7 @@ from minisparse.trainer.memory.phases import (
 from minisparse.trainer.memory.plan import (MemoryPlan, comparison_line, plan_errors,
                                             plan_memory, plan_metrics)
 from minisparse.trainer.preflight import PreflightError, check_run
+from minisparse.trainer.run_lock import RunLockError
 from minisparse.trainer.report import (config_menu, end_report, finished_message,
                                        no_config_message, start_report, stop_report)
 from minisparse.trainer.stop import StopOnSignal
@@ -131,7 +133,7 @@ def parse_args() -> tuple[Config, argparse.Namespace]:
     if args.config is None and not args.print_config:
         print(no_config_message(), file=sys.stderr)
         raise SystemExit(2)
-    return config_from_args(args, checks=[check_compression_reach]), args
+    return config_from_args(args, checks=[check_compression_reach, check_training_config]), args
 
 
 # Growable allocator segments: the phases hand GPU memory back and forth (KV pool, optimizer
@@ -220,7 +222,12 @@ def resume(path: Path | None, train_engine, sampler: PromptSampler) -> tuple[int
     if path is None:
         return 0, 0
     state = load_checkpoint(path, train_engine)
-    sampler.load_state_dict(state["sampler"])
+    try:  # pre-flight compared seed, shuffle and the data's rows; here the rows kept
+        sampler.load_state_dict(state["sampler"])
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {path.name} does not fit this run's data ({exc}); "
+                              f"resume with the data, data.max_prompt_len and seed it was "
+                              f"trained with, or give a new output_dir") from None
     if dist.rank() == 0:
         print(f"resumed from {path} (rollout {state['rollout']}, step {state['step']})")
     return int(state["rollout"]), int(state.get("nonfinite_steps", 0))
@@ -236,8 +243,11 @@ def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
 
     def draw(round_: int) -> RolloutBatch:
         rows = [run.rows[i] for i in run.sampler.next_batch()]
-        seed = (cfg.seed * 1_000_003 + rollout * 1_009 + dist.rank() + round_ * 7_919) % 2**31
-        outputs = run.llm.generate([r.prompt_ids for r in rows], sampling_params(cfg, seed),
+        seed = (cfg.seed * 1_000_003 + rollout * 1_009 + round_ * 7_919) % 2**31
+        # each sample seeded by its place in the global batch: the same on any world size
+        params = replace(sampling_params(cfg, seed),
+                         seed_offset=dist.rank() * len(rows) * cfg.n_samples_per_prompt)
+        outputs = run.llm.generate([r.prompt_ids for r in rows], params,
                                    progress=dist.rank() == 0)
         stats.append(run.llm.last_stats)
         return build_batch(outputs, rows)
@@ -331,7 +341,7 @@ def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
             progress=False,
             log=lambda _: None,
             shard=Shard(dist.rank(), dist.world_size(), dist.all_gather_object),
-            reward_workers=run.cfg.reward.workers,
+            reward=run.cfg.reward,
         )
     metrics.update(flat_metrics(summary))
 
@@ -344,14 +354,12 @@ def save_phase(run: Run, rollout: int) -> None:
         "nonfinite_steps": run.nonfinite_steps,
         "world_size": dist.world_size(),
     }
-    save_checkpoint(
-        run.cfg.output_dir,
-        rollout,
-        run.train_engine,
-        run.tokenizer,
-        state,
-        keep=run.cfg.save_total_limit,
-    )
+    try:
+        save_checkpoint(run.cfg.output_dir, rollout, run.train_engine, run.tokenizer, state,
+                        keep=run.cfg.save_total_limit)
+    except DiskFullError as exc:  # exit 1: training failed (2 is for inputs refused at start)
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 # --------------------------------------------------------------------------------- loop
@@ -448,7 +456,7 @@ def main() -> None:
     try:
         run = setup(cfg, resume_required=args.resume)
     except (ConfigError, DataError, BenchmarkError, CheckpointError, PreflightError,
-            FileNotFoundError) as exc:
+            RunLockError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     if dist.rank() == 0:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from minisparse.data.benchmarks import Problem, get_spec, load_benchmarks
-from minisparse.config.schema import ConfigError, EvalConfig, PromptTemplate, choices
+from minisparse.config.schema import (ConfigError, EvalConfig, PromptTemplate, RewardConfig,
+                                      choices)
 from minisparse.engine.backend import RolloutBackend
 from minisparse.engine.config import SamplingParams
 from minisparse.data.synthetic import user_prompt
@@ -164,10 +165,10 @@ def _record(problem: Problem, out: Any, response: str, grade: Any) -> dict:
 
 def _generate_and_grade(
     engine: RolloutBackend, tokenizer: Any, problems: Sequence[Problem], params: SamplingParams,
-    template: str, progress: bool, reward_workers: int,
+    template: str, progress: bool, reward: RewardConfig,
 ) -> tuple[list[dict], dict]:
-    """One process's problems: n samples each, graded in reward_workers processes;
-    (records, timing stats)."""
+    """One process's problems: n samples each, graded by the math grader as `reward` says
+    (workers, timeout_s); (records, timing stats)."""
     from minisparse.data.reward import grade_batch
 
     if not problems:  # more ranks than problems
@@ -179,7 +180,7 @@ def _generate_and_grade(
     responses = [tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
     start = time.perf_counter()
     grades, _ = grade_batch(responses, [problems[o.prompt_index].answer for o in outs],
-                            workers=reward_workers)
+                            timeout_s=reward.timeout_s, workers=reward.workers)
     grade_s = time.perf_counter() - start
     records = [_record(problems[o.prompt_index], o, r, g)
                for o, r, g in zip(outs, responses, grades)]
@@ -194,17 +195,18 @@ def _generate_and_grade(
 
 def run_benchmark(
     engine: RolloutBackend, tokenizer: Any, problems: Sequence[Problem], params: SamplingParams,
-    template: str, progress: bool = True, shard: Shard = Shard(), reward_workers: int = 1,
+    template: str, progress: bool = True, shard: Shard = Shard(),
+    reward: RewardConfig | None = None,
 ) -> tuple[list[dict], dict]:
-    """Generate n samples per problem, grade them (in reward_workers processes, see
-    reward.workers); (per-sample records, timing stats).
+    """Generate n samples per problem, grade them (reward.workers processes, reward.timeout_s
+    per answer; None: the defaults); (per-sample records, timing stats).
     Split over shard.world processes, each generates and grades its block (every rank
     calls this); the wall time is the slowest rank's, the engine stats rank 0's."""
     start, end = shard.bounds(len(problems))
     params = replace(params, seed_offset=params.seed_offset + start * params.n)
     parts = shard.gather(
         _generate_and_grade(engine, tokenizer, problems[start:end], params, template, progress,
-                            reward_workers)
+                            reward or RewardConfig())
     )
     records = [r for part, _ in parts for r in part]
     gen_s = max(t["generation_s"] for _, t in parts)
@@ -304,14 +306,14 @@ def _plan(
 def _score_benchmark(
     engine: RolloutBackend, tokenizer: Any, eval_cfg: EvalConfig, problems: list[Problem],
     bench_settings: dict, bench_dir: Path | None, progress: bool, shard: Shard,
-    reward_workers: int,
+    reward: RewardConfig | None,
 ) -> dict:
     """Generate, grade and (with a folder, on rank 0) write one benchmark; its metrics."""
     n, max_new = bench_settings["n_samples"], bench_settings["max_new_tokens"]
     params = SamplingParams.from_config(eval_cfg, n, max_new, bench_settings["seed"])
     records, timing = run_benchmark(
         engine, tokenizer, problems, params, eval_cfg.prompt_template, progress, shard,
-        reward_workers,
+        reward,
     )
     metrics = {"n_samples": n, "max_new_tokens": max_new, **sample_metrics(records, n), **timing}
     if bench_dir is not None and shard.rank == 0:
@@ -325,7 +327,8 @@ def evaluate(
     output_dir: str | Path | None = None, *,
     settings: dict | None = None, seed: int | None = None, overwrite: bool = False,
     progress: bool = True, problems: dict[str, list[Problem]] | None = None,
-    log: Callable[[str], None] = print, shard: Shard = Shard(), reward_workers: int = 1,
+    log: Callable[[str], None] = print, shard: Shard = Shard(),
+    reward: RewardConfig | None = None,
 ) -> dict:
     """Score eval_cfg.benchmarks (empty: the paper's seven) with `engine`; the summary dict.
 
@@ -334,7 +337,8 @@ def evaluate(
     that the caller already validated. n_samples / max_new_tokens of None in eval_cfg
     select the per-benchmark protocol (32 samples and 16,384 tokens for aime24, amc23).
     With a Shard every rank calls this and gets the same summary (see Shard).
-    reward_workers: processes that grade each benchmark's responses (reward.workers).
+    reward: how each benchmark's responses are graded (reward.workers processes,
+    reward.timeout_s per answer; its function is not used: benchmarks take the math grader).
     """
     check_prompt_template(tokenizer, eval_cfg.prompt_template)
     if problems is None:
@@ -355,7 +359,7 @@ def evaluate(
             f"<= {bench_settings['max_new_tokens']} new tokens")
         results[name] = _score_benchmark(engine, tokenizer, eval_cfg, problems[name],
                                          bench_settings, bench_dir, progress, shard,
-                                         reward_workers)
+                                         reward)
     summary = {
         "settings": common,
         "benchmarks": results,

@@ -34,15 +34,16 @@ def shared_data() -> Path:
 
 
 @pytest.fixture
-def grade_workers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The `workers` of every grade_batch call made during the test (grading still runs)."""
+def grade_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float]]:
+    """(workers, timeout_s) of every grade_batch call made during the test (grading still
+    runs)."""
     import minisparse.data.reward as reward
 
-    seen: list[int] = []
+    seen: list[tuple[int, float]] = []
     real = reward.grade_batch
 
     def spy(responses, labels, **kwargs):
-        seen.append(kwargs["workers"])
+        seen.append((kwargs["workers"], kwargs["timeout_s"]))
         return real(responses, labels, **kwargs)
 
     monkeypatch.setattr(reward, "grade_batch", spy)

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from minisparse.config.schema import RewardConfig
 from minisparse.data.benchmarks import Problem
 from minisparse.evaluation import (
     ResultsMismatchError,
@@ -187,10 +188,11 @@ def test_truncation_and_protocol_override(tokenizer):
     assert m["mean_response_tokens"] <= 3
 
 
-def test_reward_workers_reach_the_grader(tokenizer, grade_workers):
+def test_reward_settings_reach_the_grader(tokenizer, grade_calls):
     summary = evaluate(ScriptedEngine(tokenizer, SCRIPT), tokenizer, _eval_cfg(),
-                       problems=PROBLEMS, progress=False, log=lambda s: None, reward_workers=3)
-    assert grade_workers == [3]
+                       problems=PROBLEMS, progress=False, log=lambda s: None,
+                       reward=RewardConfig(workers=3, timeout_s=0.7))
+    assert grade_calls == [(3, 0.7)]
     assert summary["benchmarks"]["math500"]["accuracy"] == pytest.approx(3 / 8)
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -421,6 +422,55 @@ def test_two_single_process_runs_at_once_both_finish(tmp_path, _minisparse_cache
                 proc.kill()
     assert [proc.returncode for proc in procs] == [0, 0], [e[-2000:] for e in errors]
     assert [[r["rollout"] for r in _rows(out)] for out in outs] == [[1], [1]]
+
+
+def test_a_second_run_in_the_same_folder_exits_2_naming_the_first(tmp_path, _minisparse_cache):
+    """Two runs in one output_dir destroyed each other (the second's save deleted the first's
+    checkpoint in progress as stale, metrics.jsonl interleaved). The second now stops before
+    its model loads, naming the first, which goes on untouched to a SIGTERM stop. The first
+    took over the record a killed run had left, saying so; its own clean exit clears it."""
+    out, lock = tmp_path / "shared", tmp_path / "shared" / ".run.lock"
+    out.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(),
+                                "started": time.time() - 60, "process_start": None}))
+    args = ["--set", "num_rollout=50", "--set", "save_interval=1"]
+    first = subprocess.Popen(_cmd(out, *args), cwd=REPO, env=_env(_minisparse_cache),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while f'"pid": {first.pid},' not in lock.read_text():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        second = _train(out, *args, cache=_minisparse_cache, timeout=120)
+        assert first.poll() is None  # still training
+        first.send_signal(signal.SIGTERM)
+        stdout, stderr = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert second.returncode == 2 and second.stdout == "", second.stderr[-3000:]
+    host, when = re.escape(socket.gethostname()), r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+    assert re.fullmatch(rf"error: {re.escape(str(out))} is in use by another run \(pid "
+                        rf"{first.pid} on host {host}, started {when}\); wait for it or "
+                        rf"choose another output_dir\n", second.stderr), second.stderr
+    assert first.returncode == 0, stderr[-3000:]
+    assert re.match(rf"{re.escape(str(out))}: taking it over from a run that ended without "
+                    rf"releasing it \(pid {dead.pid} on host {host}, started {when}\)\n", stdout)
+    done = list(range(1, len(_rows(out)) + 1))
+    assert done and [r["rollout"] for r in _rows(out)] == done
+    assert [p.name for p in complete_checkpoints(out)] == [f"rollout_{r:06d}" for r in done]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        f"rollout_{r:06d}" for r in done]  # no .tmp_ or .del_ left behind
+    assert lock.read_text() == ""
+
+
+def test_greedy_training_is_a_config_error(tmp_path, _minisparse_cache):
+    res = _train(tmp_path / "g", "--set", "temperature=0", cache=_minisparse_cache)
+    assert res.returncode == 2 and len(res.stderr.splitlines()) == 1
+    assert res.stderr.startswith("config error: config key 'temperature' is 0 (greedy): the "
+                                 "n_samples_per_prompt samples of a prompt would all be the same")
 
 
 def test_gspo_with_a_reward_plugin_and_dynamic_sampling(tmp_path, _minisparse_cache):

@@ -326,6 +326,19 @@ def validate_config(cfg: Config) -> None:
     _check_relations(cfg)
 
 
+def check_training_config(cfg: Config) -> None:
+    """Rules for training alone (train.py passes it to config_from_args): eval.py loads
+    the same configs through validate_config, and greedy decoding is fine there."""
+    if cfg.temperature == 0:
+        raise ConfigError(
+            "config key 'temperature' is 0 (greedy): the n_samples_per_prompt samples of a "
+            "prompt would all be the same, so no group could tell a better response from a "
+            "worse one, and greedy outputs are not samples of the policy the update assumes; "
+            "training needs temperature > 0 (1.0 samples the policy as it is; "
+            "eval.temperature may be 0)"
+        )
+
+
 def config_to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 

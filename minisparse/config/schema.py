@@ -140,10 +140,12 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    # Processes that grade a batch of responses, in training and evaluation (data/reward.py);
-    # 1: in this process, the default until the pool is checked again on the GPU image
-    # (docs/results.md). Batches under 64 responses are always graded in-process.
+    # Processes that grade a batch of responses, in training and evaluation (data/reward.py,
+    # data/grading_pool.py); 1 until more is checked again on the GPU image (docs/results.md).
     workers: Count = 1
+    # Seconds math-verify may spend on one answer before it scores 0 (its grading process
+    # is killed just past this); a batch's grading is bounded by a budget built from it.
+    timeout_s: Annotated[float, Rule("> 0", lambda v: v > 0)] = 2.0
     # Your own reward in place of the math grader: 'package.module:callable', called as
     # fn(response, label, metadata) -> number (data/reward_plugin.py); null: math-verify.
     function: str | None = None
@@ -357,6 +359,7 @@ HELP = {
     "compress.n_sink": "streaming_llm: attention-sink tokens (the first ones) always kept",
     "compress.keep_prompt": "never evict prompt tokens; the budget counts response tokens "
                             "only",
+    "reward.timeout_s": "seconds math-verify may spend on one answer before it scores 0",
     "engine.backend": "rollout engine; sglang (an embedded sglang.Engine) is dense only",
     "engine.page_size": "tokens per KV-cache page",
     "engine.kv_memory_gb": "KV pool size in GiB; 0: kv-memory-fraction decides",

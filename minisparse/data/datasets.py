@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from minisparse.config.schema import DataConfig
 from minisparse.data.synthetic import Difficulty, synthetic_rows
@@ -50,23 +51,64 @@ def require_data_file(path: str) -> None:
     raise DataError(f"data.path: no such file: {path}{hint}")
 
 
-def _iter_records(path: str) -> Iterator[tuple[str, dict]]:
-    """(location, record) per non-blank line; location is 'file:line' for messages."""
+# A line over a bound derived from data.max_prompt_len is dropped unread, as an over-long
+# prompt is, so one huge line costs a skip, not the minutes and gigabytes of tokenizing it
+# whole (a 40 MB line took 103 s and 9.8 GB) only to drop it as too long. 64 bytes a token is far above any
+# real prompt (English runs ~4 bytes a token; JSON's \uXXXX escapes 6-12 bytes a
+# character, about a token each), and 1 MiB more leaves room for the label and the row's
+# other keys (a reward plug-in's metadata, such as a problem's test cases).
+LINE_BYTES_PER_TOKEN = 64
+LINE_SLACK_BYTES = 1 << 20
+SKIP_CHUNK_BYTES = 1 << 20  # an over-long line is read past in pieces of this size
+
+
+def max_line_bytes(cfg: DataConfig) -> int:
+    """The longest line of cfg.path that is read (see LINE_BYTES_PER_TOKEN)."""
+    return LINE_BYTES_PER_TOKEN * cfg.max_prompt_len + LINE_SLACK_BYTES
+
+
+def _lines(handle: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """Each line of `handle`, or None for one over `limit` bytes: read past in pieces,
+    never held whole, so its cost in time and memory stays bounded."""
+    while line := handle.readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        while (piece := handle.readline(SKIP_CHUNK_BYTES)) and not piece.endswith(b"\n"):
+            pass
+        yield None
+
+
+def _decode(line: bytes, where: str) -> str:
     try:
-        with open(path, encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not UTF-8 text (byte 0x{line[exc.start]:02x} at byte "
+                        f"{exc.start + 1} of the line)") from None
+
+
+def _parse(text: str, where: str) -> dict:
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return record
+
+
+def _iter_records(path: str, limit: int) -> Iterator[tuple[str, dict | None]]:
+    """(location, record) per non-blank line; location is 'file:line' for messages. The
+    record is None for a line over `limit` bytes, left unread (see max_line_bytes)."""
+    try:
+        with open(path, "rb") as handle:
+            for lineno, line in enumerate(_lines(handle, limit), start=1):
                 where = f"{path}:{lineno}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
-                if not isinstance(record, dict):
-                    raise DataError(f"{where}: expected a JSON object, got "
-                                    f"{type(record).__name__}")
-                yield where, record
-    except (OSError, UnicodeDecodeError) as exc:
+                if line is None:
+                    yield where, None
+                elif (text := _decode(line, where)).strip():
+                    yield where, _parse(text, where)
+    except OSError as exc:
         raise DataError(f"cannot read dataset file {path}: {exc}") from None
 
 
@@ -78,10 +120,16 @@ def _field(record: dict, key: str, where: str) -> Any:
 
 
 def _label(value: Any, where: str) -> str:
-    """Numbers become strings (amc23-style numeric answers); anything else is an error."""
+    """Numbers become strings (amc23-style numeric answers); anything else is an error, and
+    so are an empty label and NaN or infinity (JSON's NaN, Infinity): no response could
+    match them, so their rows would only ever earn zero reward."""
     if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{where}: label is empty ({value!r})")
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise DataError(f"{where}: label is {value!r}, not a finite number")
         return str(value)
     raise DataError(f"{where}: label must be a string or a number, got "
                     f"{type(value).__name__} {value!r:.80}")
@@ -130,7 +178,8 @@ def _render(prompt: str | list[dict[str, str]], cfg: DataConfig, tokenizer: Any,
     return text, tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _records(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
+def _records(cfg: DataConfig) -> Iterator[tuple[str, dict | None]]:
+    """(location, record) per row; None for a line too long to read (max_line_bytes)."""
     if cfg.path == "synthetic":
         rows = synthetic_rows(cfg.synthetic_size, SYNTHETIC_SEED, Difficulty.from_config(cfg))
         for i, row in enumerate(rows):
@@ -138,7 +187,7 @@ def _records(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
                                            cfg.label_key: row["label"]}
     else:
         require_data_file(cfg.path)
-        yield from _iter_records(cfg.path)
+        yield from _iter_records(cfg.path, max_line_bytes(cfg))
 
 
 def check_data(cfg: DataConfig) -> int:
@@ -147,7 +196,8 @@ def check_data(cfg: DataConfig) -> int:
     checks its data before any model loads; load_prompts then only renders."""
     total = 0
     for where, record in _records(cfg):
-        _row(record, cfg, where)
+        if record is not None:  # an over-long line: dropped by load_prompts, saying where
+            _row(record, cfg, where)
         total += 1
     if not total:
         raise DataError(f"{cfg.path}: no rows (empty file)")
@@ -156,11 +206,18 @@ def check_data(cfg: DataConfig) -> int:
 
 def load_prompts(cfg: DataConfig, tokenizer: Any, stats: dict | None = None) -> list[PromptRow]:
     """Every row of cfg.path, rendered and tokenized. Prompts over max_prompt_len tokens
-    are dropped and counted (logged, and put in `stats` when given)."""
+    are dropped and counted (logged, and put in `stats` when given), and so are lines too
+    long to hold a prompt that fits (max_line_bytes), unread."""
     rows: list[PromptRow] = []
     dropped = total = 0
     for index, (where, record) in enumerate(_records(cfg)):
         total += 1
+        if record is None:
+            dropped += 1
+            logger.warning("%s: dropped unread: the line is over %d bytes, the bound for "
+                           "data.max_prompt_len=%d (prompts over max_prompt_len tokens are "
+                           "dropped)", where, max_line_bytes(cfg), cfg.max_prompt_len)
+            continue
         prompt, label = _row(record, cfg, where)
         text, ids = _render(prompt, cfg, tokenizer, where)
         if len(ids) > cfg.max_prompt_len:

@@ -6,51 +6,44 @@ fallback: in RL it would reward unformatted guesses and teach the policy to stop
 boxing. Only the response's tail is read, since the final answer is at the end and
 sympy's cost grows with input size.
 
-Grading never raises and is bounded in time: a deadline (SIGALRM interval timer in the
-main thread; a watchdog that aborts a helper thread elsewhere) cuts off slow sympy work,
-and answers whose evaluation could hang inside C code (towers of powers, huge
-exponents or factorials: a signal cannot interrupt those) are compared as strings only.
+Grading never raises and is bounded in time wherever it runs (main thread, a thread,
+an eval worker): answers that only sympy can judge go to grading processes
+(grading_pool.py) that stop an answer at `timeout_s` (reward.timeout_s) and are killed
+just past it when sympy's C arithmetic ignores the alarm. Outcomes, timeouts included,
+are remembered per (answer, label), so a repeated pathological answer costs one timeout;
+a batch has a budget (batch_budget_s) after which the answers not yet graded score 0.
+Answers whose evaluation could only blow up (towers of powers, huge exponents or
+factorials) are compared as strings without sympy.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
-import logging
+import atexit
+import os
 import re
-import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
+
+from minisparse.data.grading_pool import KILL_GRACE_S, GradingPool
 
 TAIL_CHARS = 4096  # only the end of a response is searched for the answer
 MAX_ANSWER_CHARS = 512  # longer "answers" are not final answers; graded as strings
-DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_TIMEOUT_S = 2.0  # reward.timeout_s's default
+CACHE_SIZE = 65536  # (answer, label) outcomes remembered
+# A batch's budget (batch_budget_s): this many per-answer limits per worker, plus this
+# much per answer sent to the workers (~10x a typical answer's math-verify time).
+BUDGET_TIMEOUTS = 4
+BUDGET_PER_ANSWER_S = 0.02
 
-T = TypeVar("T")
-
-
-class _NoTimeoutWarning(logging.Filter):
-    """math-verify warns that its own timeouts are off; ours replace them."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Timeout is disabled" not in record.getMessage()
-
-
-for _name in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_name).addFilter(_NoTimeoutWarning())
-
-
-@dataclass
+@dataclass(frozen=True)
 class Grade:
     score: float
     answer: str  # the extracted final answer, "" when none was found
-    timed_out: bool = False
-
-
-class _Deadline(BaseException):
-    """BaseException so math-verify's own `except Exception` cannot swallow it."""
+    timed_out: bool = False  # no verdict in time (scored 0): its limit, or the batch's
+    over_budget: bool = False  # not graded at all: the batch's budget had run out
 
 
 # ------------------------------------------------------------------ extraction
@@ -117,15 +110,6 @@ def _risky(text: str) -> bool:
     return len(text) > MAX_ANSWER_CHARS or any(p.search(text) for p in _RISKY)
 
 
-@functools.lru_cache(maxsize=4096)
-def _parsed(text: str) -> tuple:
-    """math-verify parse of a bare answer (labels repeat n_samples times: cached)."""
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
-
-    config = [LatexExtractionConfig(), ExprExtractionConfig()]
-    return tuple(parse("\\boxed{" + text + "}", extraction_config=config, parsing_timeout=None))
-
-
 _INTEGER = re.compile(r"-?\d+")
 # integers joined by + - * / x, and nothing else: "243 - 18", "12 \times 11"
 _NUMBERS_AND_OPS = re.compile(
@@ -141,135 +125,142 @@ def _unevaluated(answer: str, label: str) -> bool:
                 and _NUMBERS_AND_OPS.fullmatch(_normalize(answer)))
 
 
-@functools.lru_cache(maxsize=65536)
-def _equivalent(answer: str, label: str) -> bool:
-    from math_verify import verify
-
+def _settled(answer: str, label: str) -> bool | None:
+    """The verdicts that need no sympy (string checks, bounded by the answer's length),
+    given in the calling process; None: math-verify must judge, in a grading process."""
     if _normalize(answer) == _normalize(label):
         return True
-    if _unevaluated(answer, label):
+    if _unevaluated(answer, label) or _risky(answer) or _risky(label):
         return False
-    if _risky(answer) or _risky(label):
-        return False
-    gold, pred = _parsed(label), _parsed(answer)
-    return bool(gold and pred and verify(list(gold), list(pred), timeout_seconds=None))
+    return None
 
 
-# ------------------------------------------------------------------ deadlines
-def _with_alarm(fn: Callable[[], T], seconds: float) -> T:
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise _Deadline()
+# ------------------------------------------------------------------ outcomes and budget
+class _Outcomes:
+    """Grades that took math-verify, by (answer, label), least recently used dropped past
+    CACHE_SIZE. Timeouts are kept too (32 copies of a pathological answer cost one
+    timeout), each with its limit: reused only under a limit no longer than that."""
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return fn()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.items: OrderedDict[tuple[str, str], tuple[Grade, float]] = OrderedDict()
 
+    def get(self, pair: tuple[str, str], timeout_s: float) -> Grade | None:
+        grade, limit = self.items.get(pair, (None, 0.0))
+        if grade is None or (grade.timed_out and limit < timeout_s):
+            return None
+        self.items.move_to_end(pair)
+        return grade
 
-def _with_watchdog(fn: Callable[[], T], seconds: float) -> T:
-    """Off the main thread signals are unavailable: run fn in a daemon thread and, past
-    the deadline, inject an exception into it (takes effect at its next bytecode)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the caller
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, daemon=True, name="math-reward")
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(worker.ident), ctypes.py_object(_Deadline))
-        raise _Deadline()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    def put(self, pair: tuple[str, str], grade: Grade, timeout_s: float) -> None:
+        self.items[pair] = (grade, timeout_s)
+        self.items.move_to_end(pair)
+        if len(self.items) > self.size:
+            self.items.popitem(last=False)
 
 
-def _run_with_deadline(fn: Callable[[], T], seconds: float) -> T:
-    in_main = threading.current_thread() is threading.main_thread()
-    return _with_alarm(fn, seconds) if in_main else _with_watchdog(fn, seconds)
+_outcomes = _Outcomes(CACHE_SIZE)
+_pool: GradingPool | None = None
+_lock = threading.Lock()  # one batch at a time uses the pool and the cache
 
 
-# ------------------------------------------------------------------ public API
-def grade(response: str, label: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Grade:
-    """Score one response; never raises (bad input, sympy errors, timeouts -> 0.0)."""
-    try:
-        _warm_up()  # once per process, outside the deadline (see _warm_up)
-        answer = extract_answer(response) if isinstance(response, str) else ""
-        label = label.strip() if isinstance(label, str) else ""
-        if not answer or not label:
-            return Grade(0.0, answer)
-        ok = _run_with_deadline(lambda: _equivalent(answer, label), timeout_s)
-        return Grade(1.0 if ok else 0.0, answer)
-    except _Deadline:
-        return Grade(0.0, answer, timed_out=True)
-    except Exception:  # noqa: BLE001 - a reward must never crash the trainer
-        return Grade(0.0, "")
+def batch_budget_s(answers: int, timeout_s: float, workers: int) -> float:
+    """Seconds the grading processes may spend on one batch's `answers` distinct answers:
+    BUDGET_TIMEOUTS limits per worker plus BUDGET_PER_ANSWER_S per answer over the
+    workers. What is left unsent then scores 0, so a batch's grading takes at most this
+    plus one limit and KILL_GRACE_S, however many pathological answers it holds."""
+    return timeout_s * BUDGET_TIMEOUTS + answers * BUDGET_PER_ANSWER_S / workers
 
 
-def math_reward(response: str, label: str) -> float:
-    return grade(response, label).score
+def worst_case_s(answers: int, timeout_s: float, workers: int) -> float:
+    """The longest one batch's grading can take (the answers in flight when the budget
+    runs out still get their limit)."""
+    return batch_budget_s(answers, timeout_s, workers) + timeout_s + KILL_GRACE_S
 
 
-POOL_MIN_BATCH = 64  # smaller batches are graded in-process (a pool round trip costs more)
-_pool: Any = None
-
-
-def _grade_pool(workers: int):
-    """One spawned process pool per trainer process, kept for the run. Spawned, not forked:
-    the trainer holds CUDA and NCCL state that a forked child must not inherit. Workers run
-    grade() in their main thread, so the SIGALRM deadline applies there too."""
+def _grading_pool() -> GradingPool:
+    """This process's grading processes, started on first use and kept for the run (a
+    forked child starts its own)."""
     global _pool
-    if _pool is None or _pool._max_workers != workers:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                    initializer=_warm_up)
+    if _pool is None or _pool.owner != os.getpid():
+        _pool = GradingPool()
+        atexit.register(_pool.close)
     return _pool
 
 
-@functools.cache
-def _warm_up() -> None:
-    """The first grade of a process must not pay for importing math-verify (and sympy)
-    under the deadline: an import cut short by the alarm leaves half-initialised modules
-    that then grade wrongly for the rest of the process (seen as pooled scores that
-    depended on each worker's history: 235 of 1,024 wrong before this warm-up, 0 after)."""
-    _parsed.__wrapped__("1")
+# ------------------------------------------------------------------ public API
+def _answer_and_label(response: Any, label: Any) -> tuple[str, str]:
+    """What is compared: the response's final answer and the stripped label ("" where
+    either is missing or not text, which scores 0 rather than raising)."""
+    try:
+        answer = extract_answer(response) if isinstance(response, str) else ""
+    except Exception:  # noqa: BLE001 - a reward must never crash the trainer
+        answer = ""
+    return answer, label.strip() if isinstance(label, str) else ""
 
 
-def _grade_all(pairs: list[tuple[str, str]], timeout_s: float) -> list[Grade]:
-    return [grade(r, l, timeout_s) for r, l in pairs]
+def _graded_here(answer: str, label: str, timeout_s: float) -> Grade | None:
+    """The grade when it needs no grading process (no answer, a string verdict, a cached
+    outcome); None otherwise."""
+    if not answer or not label:
+        return Grade(0.0, answer)
+    verdict = _settled(answer, label)
+    if verdict is not None:
+        return Grade(float(verdict), answer)
+    return _outcomes.get((answer, label), timeout_s)
+
+
+def _graded_by_workers(pairs: list[tuple[str, str]], timeout_s: float,
+                       workers: int) -> dict[tuple[str, str], Grade]:
+    """Each distinct pair once, in the grading processes, within the batch's budget."""
+    budget = batch_budget_s(len(pairs), timeout_s, workers)
+    verdicts = _grading_pool().run(pairs, timeout_s, workers, budget)
+    grades = {}
+    for i, (answer, label) in enumerate(pairs):
+        if i not in verdicts:
+            grades[answer, label] = Grade(0.0, answer, timed_out=True, over_budget=True)
+            continue
+        grades[answer, label] = Grade(float(bool(verdicts[i])), answer,
+                                      timed_out=verdicts[i] is None)
+        _outcomes.put((answer, label), grades[answer, label], timeout_s)
+    return grades
 
 
 def grade_batch(responses: Sequence[str], labels: Sequence[str],
                 timeout_s: float = DEFAULT_TIMEOUT_S,
                 workers: int = 1) -> tuple[list[Grade], dict[str, float]]:
-    """Grades plus stats for logging: accuracy, timeouts, responses with no answer.
-    Batches of POOL_MIN_BATCH or more are split over `workers` processes (the config's
-    reward.workers; 1: in this process), in order."""
+    """Grades, in order, plus stats for logging: accuracy, timeouts (no verdict in time),
+    over_budget (of those, never graded), responses with no answer. Answers that need
+    math-verify go to `workers` grading processes (reward.workers), each stopped at
+    timeout_s (reward.timeout_s); see the module docstring."""
     if len(responses) != len(labels):
         raise ValueError(f"{len(responses)} responses but {len(labels)} labels")
     start = time.perf_counter()
-    pairs = list(zip(responses, labels))
-    if workers > 1 and len(pairs) >= POOL_MIN_BATCH:
-        chunks = [pairs[i::workers] for i in range(workers)]  # interleaved: similar loads
-        parts = list(_grade_pool(workers).map(_grade_all, chunks, [timeout_s] * workers))
-        grades = [parts[i % workers][i // workers] for i in range(len(pairs))]
-    else:
-        grades = _grade_all(pairs, timeout_s)
+    pairs = [_answer_and_label(r, l) for r, l in zip(responses, labels)]
+    with _lock:
+        # each distinct pair once, in the batch's order (which answers a budget reaches
+        # must not depend on hash order)
+        known = {p: _graded_here(*p, timeout_s) for p in dict.fromkeys(pairs)}
+        todo = [p for p, g in known.items() if g is None]
+        if todo:
+            known.update(_graded_by_workers(todo, timeout_s, workers))
+    grades = [known[p] for p in pairs]
     n = max(len(grades), 1)
     stats = {
         "accuracy": sum(g.score for g in grades) / n,
         "timeouts": sum(g.timed_out for g in grades),
+        "over_budget": sum(g.over_budget for g in grades),
         "no_answer": sum(not g.answer for g in grades),
         "grade_s": time.perf_counter() - start,
     }
     return grades, stats
+
+
+def grade(response: str, label: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Grade:
+    """Score one response (bad input, sympy errors, timeouts -> 0.0); raises only when no
+    grading process can start."""
+    return grade_batch([response], [label], timeout_s)[0][0]
+
+
+def math_reward(response: str, label: str) -> float:
+    return grade(response, label).score

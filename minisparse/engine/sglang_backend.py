@@ -238,16 +238,17 @@ class SGLangBackend:
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams,
                  progress: bool = False) -> list[SampleOutput]:
         """params.n samples per prompt, prompt-major, each its own request and seed (the
-        native engine's seed_for(base, index)); SGLang's prefix cache shares the prompt."""
+        native engine's seed_for(base, seed_offset + index)); SGLang's prefix cache shares
+        the prompt."""
         if not self.awake:
             raise RuntimeError("SGLang engine is asleep: call wake() before generate()")
         base_seed = params.seed if params.seed is not None else random.getrandbits(32)
         prompts, sampling, where = [], [], []
         for p, prompt in enumerate(prompt_token_ids):
             for j in range(params.n):
+                index = params.seed_offset + p * params.n + j
                 prompts.append(list(prompt))
-                sampling.append(request_params(params, self.eos_ids,
-                                               seed_for(base_seed, p * params.n + j)))
+                sampling.append(request_params(params, self.eos_ids, seed_for(base_seed, index)))
                 where.append((p, j))
         start = time.perf_counter()
         outs = self.engine.generate(input_ids=prompts, sampling_params=sampling,

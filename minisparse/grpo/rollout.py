@@ -140,8 +140,9 @@ def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dic
 
 def score_batch(batch: RolloutBatch, tokenizer, cfg: RewardConfig) -> dict:
     """Decode responses and grade them: with the plug-in cfg.function when set, else with
-    minisparse.data.reward in cfg.workers processes. Fills batch.rewards and
-    batch.grade_stats (accuracy, grade_s; the math grader adds timeouts and no_answer)."""
+    minisparse.data.reward in cfg.workers processes, cfg.timeout_s per answer. Fills
+    batch.rewards and batch.grade_stats (accuracy, grade_s; the math grader adds timeouts,
+    over_budget and no_answer)."""
     texts = tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
     if cfg.function:
         from minisparse.data.reward_plugin import call_reward_function
@@ -150,7 +151,8 @@ def score_batch(batch: RolloutBatch, tokenizer, cfg: RewardConfig) -> dict:
     else:
         from minisparse.data.reward import grade_batch
 
-        grades, stats = grade_batch(texts, batch.labels, workers=cfg.workers)
+        grades, stats = grade_batch(texts, batch.labels, timeout_s=cfg.timeout_s,
+                                    workers=cfg.workers)
         scores = [g.score for g in grades]
     batch.rewards = torch.tensor(scores, dtype=torch.float32)
     batch.grade_stats = dict(stats)

@@ -5,15 +5,25 @@ Layout of output_dir/checkpoints/rollout_000010/:
   ds/                  DeepSpeed state per rank: fp32 master weights, Adam moments,
                        LR scheduler (under ZeRO 1/2 without a third copy of the weights)
   trainer_state.json   rollout, optimizer step, data position, non-finite step count
-  rng_rank{r}.pt       python / torch (/ CUDA) RNG states of each rank
-  COMPLETE             written last
+  rng_rank{r}.pt       python / torch (/ CUDA) RNG states of each rank (tensors and
+                       tuples of ints only: read with weights_only=True)
+  MANIFEST.json        every other file's size and sha256 (manifest.py)
+  COMPLETE             written last; records the manifest's sha256
 
 A checkpoint is written into .tmp_rollout_XXXXXX, every file fsynced, the marker added,
 then renamed into place (atomic on one file system). A run killed mid-save leaves only
-a .tmp_ directory, which resume ignores and the next save removes. Checkpoints are
-deleted the same way round: renamed to .del_rollout_XXXXXX first, then removed, so a
+a .tmp_ directory, which resume ignores and the next start (or save) removes. Checkpoints
+are deleted the same way round: renamed to .del_rollout_XXXXXX first, then removed, so a
 half-deleted one is never taken for a complete one. With save_total_limit N, a save
-deletes older checkpoints only after the new one is complete, and keeps N in all.
+deletes older checkpoints only after the new one is complete, and keeps N in all. A save
+that fills the disk removes its .tmp_ directory and stops the run with one line
+(DiskFullError): the complete checkpoints and metrics.jsonl stay as they were.
+
+Resume trusts a checkpoint only after usable_checkpoint checked it against its manifest
+(a damaged one is named and the one before it taken) and check_pickles found no file
+that would run code when unpickled (refused outright: that is tampering, not damage).
+Checkpoints from before manifests (COMPLETE records none, no MANIFEST.json) are taken
+unverified, with a line that says so.
 """
 
 from __future__ import annotations
@@ -30,14 +40,25 @@ from typing import Any
 
 import torch
 
-from minisparse.trainer.distributed import barrier, rank, world_size
+from minisparse.trainer.disk import disk_full_message, ran_out_of_space
+from minisparse.trainer.distributed import barrier, rank
+from minisparse.trainer.manifest import MANIFEST, manifest_problem, write_manifest
+from minisparse.trainer.safe_load import unsafe_reason
+from minisparse.trainer.universal import TAG, deepspeed_state
 
 MARKER = "COMPLETE"
 NAME = re.compile(r"^rollout_(\d{6})$")
+STATE = "trainer_state.json"
+STALE = (".tmp_rollout_*", ".del_rollout_*")  # interrupted saves, deletes, universal copies
+RECORDED_MANIFEST = re.compile(r"^manifest ([0-9a-f]{64})$", re.M)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint this run cannot continue from (said before DeepSpeed touches it)."""
+
+
+class DiskFullError(RuntimeError):
+    """A save ran out of disk space; the message names the disk, folder and space left."""
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -146,6 +167,70 @@ def prune_checkpoints(output_dir: str | Path, keep: int | None, newest: Path) ->
     return doomed
 
 
+def remove_stale(output_dir: str | Path) -> list[str]:
+    """Remove the folders interrupted saves and deletes left (and universal copies, named
+    like them); returns their names. Only the run holding output_dir (run_lock.py) may:
+    another run's save in progress looks the same."""
+    root = checkpoint_root(output_dir)
+    stale = sorted(p for pattern in STALE for p in root.glob(pattern))
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return [p.name for p in stale]
+
+
+def _write(tmp: Path, rollout: int, train_engine, tokenizer, state: dict[str, Any]) -> None:
+    """Every file of the checkpoint into tmp (all ranks): DeepSpeed's state and the RNG
+    per rank, then on rank 0 the HF model, trainer_state.json, MANIFEST.json and, once
+    all that is on disk, COMPLETE with the manifest's sha256."""
+    if rank() == 0:
+        remove_stale(tmp.parent.parent)
+        tmp.mkdir(parents=True)
+    barrier()
+    with _module_weights_left_out(train_engine):
+        train_engine.save_checkpoint(str(tmp / "ds"), tag=TAG, save_latest=False)
+    torch.save(rng_state(), tmp / f"rng_rank{rank()}.pt")
+    state_dict = _hf_state_dict(train_engine)
+    barrier()
+    if rank() != 0:
+        return
+    train_engine.module.save_pretrained(tmp / "hf", state_dict=state_dict)
+    tokenizer.save_pretrained(tmp / "hf")
+    (tmp / STATE).write_text(json.dumps(state, indent=2))
+    seal(tmp, rollout)
+
+
+def seal(folder: Path, rollout: int) -> None:
+    """Make the written checkpoint in `folder` complete: MANIFEST.json of every file, all
+    fsynced, then COMPLETE with the manifest's sha256, itself fsynced."""
+    digest = write_manifest(folder)
+    _fsync_tree(folder)
+    (folder / MARKER).write_text(f"rollout {rollout}\nmanifest {digest}\n")
+    _fsync_tree(folder)
+
+
+def _publish(tmp: Path, final: Path, keep: int | None) -> None:
+    """Rename the written checkpoint into place (rank 0), then prune to `keep`."""
+    if final.exists():  # an older run's checkpoint of the same number
+        remove_checkpoint(final)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    prune_checkpoints(final.parent.parent, keep, final)
+
+
+def _saved(tmp: Path, final: Path, rollout: int, train_engine, tokenizer,
+           state: dict[str, Any], keep: int | None) -> bool:
+    """Write and publish the checkpoint; False when the disk filled up on the way."""
+    try:
+        _write(tmp, rollout, train_engine, tokenizer, state)
+        if rank() == 0:
+            _publish(tmp, final, keep)
+    except Exception as exc:
+        if not ran_out_of_space(exc, tmp.parent):
+            raise
+        return False
+    return True
+
+
 def save_checkpoint(
     output_dir: str | Path,
     rollout: int,
@@ -155,32 +240,15 @@ def save_checkpoint(
     keep: int | None = None,
 ) -> Path:
     """Write checkpoint `rollout` atomically (all ranks call this), then delete all but
-    the newest `keep` complete ones; returns its path."""
+    the newest `keep` complete ones; returns its path. A full disk raises DiskFullError
+    with the partial save removed, so the space it took is free again."""
     root = checkpoint_root(output_dir)
     final = root / f"rollout_{rollout:06d}"
     tmp = root / f".tmp_rollout_{rollout:06d}"
-    if rank() == 0:
-        for stale in [*root.glob(".tmp_rollout_*"), *root.glob(".del_rollout_*")]:
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier()
-    with _module_weights_left_out(train_engine):
-        train_engine.save_checkpoint(str(tmp / "ds"), tag="state", save_latest=False)
-    torch.save(rng_state(), tmp / f"rng_rank{rank()}.pt")
-    state_dict = _hf_state_dict(train_engine)
-    barrier()
-    if rank() == 0:
-        train_engine.module.save_pretrained(tmp / "hf", state_dict=state_dict)
-        tokenizer.save_pretrained(tmp / "hf")
-        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
-        _fsync_tree(tmp)
-        (tmp / MARKER).write_text(f"rollout {rollout}\n")
-        _fsync_tree(tmp)
-        if final.exists():  # an older run's checkpoint of the same number
-            remove_checkpoint(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        prune_checkpoints(output_dir, keep, final)
+    if not _saved(tmp, final, rollout, train_engine, tokenizer, trainer_state, keep):
+        # out here the failed writer's traceback is gone, its files closed: space freed
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DiskFullError(disk_full_message(root, final.name, latest_checkpoint(output_dir)))
     barrier()
     return final
 
@@ -191,36 +259,119 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
-def trainer_state(path: Path) -> dict[str, Any]:
-    """trainer_state.json of checkpoint `path`, which this run's ranks can continue from
-    (read before any model loads, and again by load_checkpoint)."""
-    state = json.loads((path / "trainer_state.json").read_text())
-    saved_world = state.get("world_size", world_size())
-    if saved_world != world_size():
-        raise CheckpointError(
-            f"{path} was saved by {saved_world} processes and this run has {world_size()}: "
-            f"ZeRO optimizer states are sharded per rank, so resume with "
-            f"torchrun --nproc_per_node {saved_world} (or start a new output_dir)"
-        )
+def _read_state(path: Path) -> dict[str, Any] | str:
+    """trainer_state.json of checkpoint `path`, or what is wrong with it."""
+    try:
+        state = json.loads((path / STATE).read_text())
+    except FileNotFoundError:
+        return f"{STATE}: missing"
+    except OSError as exc:
+        return f"{STATE}: unreadable ({exc.strerror})"
+    except ValueError as exc:  # not UTF-8, not JSON
+        return f"{STATE}: not JSON ({exc})"
+    if not isinstance(state, dict) or not isinstance(state.get("rollout"), int):
+        return f"{STATE}: no rollout number"
     return state
+
+
+def trainer_state(path: Path) -> dict[str, Any]:
+    """trainer_state.json of checkpoint `path` (read before any model loads, and again by
+    load_checkpoint). A checkpoint of another number of ranks loads too (universal.py)."""
+    state = _read_state(path)
+    if isinstance(state, str):
+        raise CheckpointError(f"checkpoint {path}: {state}")
+    return state
+
+
+def _recorded_manifest(path: Path) -> str | None:
+    """The manifest sha256 that COMPLETE records (None: saved before manifests)."""
+    try:
+        found = RECORDED_MANIFEST.search((path / MARKER).read_text(errors="replace"))
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def unverified(path: Path) -> bool:
+    """Saved by a version without manifests: COMPLETE records none and none is there."""
+    return _recorded_manifest(path) is None and not (path / MANIFEST).exists()
+
+
+def damage(path: Path, hashes: bool = True) -> str | None:
+    """What makes complete checkpoint `path` unusable (the first thing found), or None:
+    a file that differs from the manifest (in size; with `hashes` in sha256 too, which
+    reads every byte: manifest.py gives the cost) or a trainer_state.json that does not
+    parse. A checkpoint saved before manifests has only the latter checked."""
+    if not unverified(path):
+        if problem := manifest_problem(path, _recorded_manifest(path), hashes):
+            return problem
+    state = _read_state(path)
+    return state if isinstance(state, str) else None
+
+
+def _none_usable(output_dir: str | Path, required: bool,
+                 damaged: list[tuple[Path, str]]) -> str:
+    how = "--resume" if required else "resume=auto"
+    if not damaged:
+        return f"{how}: no complete checkpoint under {checkpoint_root(output_dir)}"
+    (newest, why), older = damaged[0], len(damaged) - 1
+    more = f"; {older} older one{'s are' if older > 1 else ' is'} damaged too" if older else ""
+    return (f"{how}: no usable checkpoint under {checkpoint_root(output_dir)}: {newest.name} "
+            f"is damaged ({why}){more}; give a new output_dir to start over")
+
+
+def usable_checkpoint(output_dir: str | Path, required: bool) -> Path | None:
+    """The newest complete checkpoint without damage; each damaged one after it is named
+    in a line with the one taken instead. None when there is no complete checkpoint and
+    none is `required` (--resume). Only damaged ones: CheckpointError, with --resume or
+    without (starting over would drop the folder's metrics.jsonl rows). Hashes every
+    file of the checkpoints it checks; call it on one rank."""
+    damaged: list[tuple[Path, str]] = []
+    for path in reversed(complete_checkpoints(output_dir)):
+        problem = damage(path)
+        if problem is None:
+            for bad, why in damaged:
+                print(f"checkpoint {bad.name} is damaged ({why}); resuming from {path.name}",
+                      flush=True)
+            if unverified(path):
+                print(f"checkpoint {path.name} has no {MANIFEST} (saved before manifests): "
+                      f"resuming from it unverified", flush=True)
+            return path
+        damaged.append((path, problem))
+    if damaged or required:
+        raise CheckpointError(_none_usable(output_dir, required, damaged))
+    return None
+
+
+def check_pickles(path: Path) -> None:
+    """Refuse checkpoint `path` when a file that resuming unpickles (the RNG states,
+    DeepSpeed's state files) holds more than tensors and plain data (safe_load.py)."""
+    for file in sorted([*path.glob("rng_rank*.pt"), *(path / "ds" / TAG).glob("*.pt")]):
+        if reason := unsafe_reason(file):
+            raise CheckpointError(
+                f"{file}: not loaded: it holds more than tensors and plain data ({reason}) "
+                f"and unpickling it could run code; resume from a checkpoint you trust or "
+                f"give a new output_dir")
 
 
 def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and this rank's RNG; returns trainer_state."""
+    check_pickles(path)  # DeepSpeed unpickles its files with weights_only=False
     state = trainer_state(path)
     masters = _masters_hold_weights(train_engine)
-    load_path, _ = train_engine.load_checkpoint(
-        str(path / "ds"),
-        tag="state",
-        load_module_strict=not masters,  # parameters left out (_module_weights_left_out)
-        load_optimizer_states=True,
-        load_lr_scheduler_states=True,
-    )
+    with deepspeed_state(path, state, train_engine) as ds_dir:  # resharded if need be
+        load_path, _ = train_engine.load_checkpoint(
+            str(ds_dir),
+            tag=TAG,
+            load_module_strict=not masters,  # parameters left out (_module_weights_left_out)
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load the state in {path / 'ds'}")
     if masters:  # DeepSpeed restores the fp32 masters; round them into the module
         train_engine.optimizer.update_lp_params()
     rng_file = path / f"rng_rank{rank()}.pt"
     if rng_file.is_file():  # absent when resuming on more ranks than were saved
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(torch.load(rng_file, weights_only=True))
     return state

@@ -6,14 +6,13 @@ go on. train.py prints these; they are built here so it stays a readable loop.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from minisparse.compression.policy import rule_class
 from minisparse.compression.trigger import first_compression_len
 from minisparse.config.load import load_config, shipped_configs
 from minisparse.config.schema import Config, ConfigError
-from minisparse.trainer.checkpoint import latest_checkpoint
+from minisparse.trainer.checkpoint import damage, latest_checkpoint, trainer_state
 from minisparse.models.loading import SHAPES
 
 
@@ -107,13 +106,15 @@ def stop_report(cfg: Config, rollout: int, minutes: float) -> str:
 def finished_message(cfg: Config) -> str | None:
     """Said instead of starting when output_dir's newest checkpoint already holds every
     rollout this config asks for (a rerun of the same command would otherwise resume,
-    find nothing to do and exit silently); None when there is work left."""
+    find nothing to do and exit silently); None when there is work left, or when the
+    newest checkpoint is damaged (sizes checked only: this runs on every launch, and
+    resume's pre-flight names the damage and falls back)."""
     if cfg.resume == "never":
         return None
     newest = latest_checkpoint(cfg.output_dir)
-    if newest is None:
+    if newest is None or damage(newest, hashes=False):
         return None
-    done = json.loads((newest / "trainer_state.json").read_text())["rollout"]
+    done = trainer_state(newest)["rollout"]
     if done < cfg.num_rollout:
         return None
     return (f"{cfg.output_dir} already holds a finished run: {done} of {cfg.num_rollout} "

@@ -8,7 +8,8 @@ from minisparse.compression.trigger import check_compression_reach
 from minisparse.config.schema import Config, ConfigError
 from minisparse.config.cli import add_config_args, config_from_args
 from minisparse.config.load import (
-    CONFIGS_DIR, config_to_dict, dump_config, load_config, resolve_config_path,
+    CONFIGS_DIR, check_training_config, config_to_dict, dump_config, load_config,
+    resolve_config_path,
 )
 
 SHIPPED = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
@@ -25,6 +26,7 @@ def test_every_shipped_config_loads(name):
         cfg.global_batch_size * cfg.num_steps_per_rollout
     assert load_config(str(resolve_config_path(name))) == cfg
     check_compression_reach(cfg)  # what train.py checks: compression can run
+    check_training_config(cfg)  # and that it can learn (temperature > 0)
 
 
 def test_all_expected_configs_shipped():
@@ -226,6 +228,21 @@ def test_a_rule_of_ones_own_is_checked_by_its_form_alone():
     loads): module.path:ClassName loads whether or not that module exists."""
     cfg = load_config("tiny_rkv", ["compress.algorithm=my_pkg.rules:MyRule"])
     assert cfg.compress.algorithm == "my_pkg.rules:MyRule" and "my_pkg" not in sys.modules
+
+
+def test_greedy_training_is_refused_but_greedy_eval_loads():
+    """temperature 0 makes a prompt's samples identical: every GRPO group zero-signal. It
+    is train.py's check alone; eval.py loads the same configs (load_config) to decode
+    greedily (eval.temperature 0), and a training config's own keys come along."""
+    cfg = load_config("tiny_rkv", ["temperature=0", "eval.temperature=0"])
+    with pytest.raises(ConfigError) as info:
+        check_training_config(cfg)
+    assert str(info.value) == (
+        "config key 'temperature' is 0 (greedy): the n_samples_per_prompt samples of a prompt "
+        "would all be the same, so no group could tell a better response from a worse one, and "
+        "greedy outputs are not samples of the policy the update assumes; training needs "
+        "temperature > 0 (1.0 samples the policy as it is; eval.temperature may be 0)")
+    check_training_config(load_config("tiny_rkv", ["temperature=0.01", "eval.temperature=0"]))
 
 
 def test_budget_may_be_small_when_compression_off():

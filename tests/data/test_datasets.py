@@ -1,10 +1,12 @@
 import json
 import logging
+import tracemalloc
 
 import pytest
 
 from minisparse.config.schema import DataConfig
-from minisparse.data.datasets import DataError, PromptSampler, check_data, load_prompts
+from minisparse.data.datasets import (DataError, PromptSampler, check_data, load_prompts,
+                                       max_line_bytes)
 from minisparse.data.synthetic import synthetic_rows
 from minisparse.models.tiny import build_tokenizer
 
@@ -86,6 +88,11 @@ def test_long_prompts_dropped_and_counted(tmp_path, tok, caplog):
     ('{"prompt": "x", "label": null}', "label must be a string or a number, got NoneType"),
     ('{"prompt": "x", "label": ["1", "2"]}', "label must be a string or a number, got list"),
     ('{"prompt": "x", "label": true}', "got bool"),
+    ('{"prompt": "x", "label": ""}', "d.jsonl:2: label is empty ('')"),
+    ('{"prompt": "x", "label": "  "}', "d.jsonl:2: label is empty ('  ')"),
+    ('{"prompt": "x", "label": NaN}', "d.jsonl:2: label is nan, not a finite number"),
+    ('{"prompt": "x", "label": Infinity}', "d.jsonl:2: label is inf, not a finite number"),
+    ('{"prompt": "x", "label": -Infinity}', "d.jsonl:2: label is -inf, not a finite number"),
 ])
 def test_bad_rows_name_file_and_line(tmp_path, tok, line, message):
     """The same message from the tokenizer-free check a run makes before its model loads
@@ -126,6 +133,69 @@ def test_unreadable_and_empty_files(tmp_path, tok):
         load_prompts(DataConfig(path=str(tmp_path / "bin.jsonl")), tok)
     with pytest.raises(DataError, match="no usable prompts"):
         load_prompts(DataConfig(path=write_jsonl(tmp_path / "e.jsonl", ["", ""])), tok)
+
+
+def test_bytes_that_are_not_utf8_are_named_with_their_line(tmp_path, tok):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"prompt": "fine", "label": "0"}\n{"prompt": "caf\xe9", "label": "1"}\n')
+    for read in (lambda cfg: load_prompts(cfg, tok), check_data):
+        with pytest.raises(DataError) as info:
+            read(DataConfig(path=str(path)))
+        assert str(info.value) == f"{path}:2: not UTF-8 text (byte 0xe9 at byte 16 of the line)"
+
+
+class OnlyShortText:
+    """The tokenizer, failing at once on a text too long for any prompt that fits: the
+    loader tokenized a 40 MB line whole (103 s, 9.8 GB) only to drop it as too long."""
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+
+    def __call__(self, text: str, **kwargs):
+        assert len(text) < max_line_bytes(DataConfig()), "a huge line reached the tokenizer"
+        return self.tok(text, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tok, name)
+
+
+def test_a_huge_line_is_dropped_unread_naming_its_line(tmp_path, tok, caplog):
+    """A 40 MB line is read past in pieces, never decoded, parsed or tokenized whole:
+    the Python memory it costs stays a few MB, and it is dropped and counted as prompts
+    over max_prompt_len are (its line named)."""
+    path = tmp_path / "d.jsonl"
+    with path.open("wb") as f:
+        f.write(b'{"prompt": "short", "label": "1"}\n{"prompt": "')
+        f.write(b"x" * (40 << 20))
+        f.write(b'", "label": "2"}\n{"prompt": "also short", "label": "3"}\n')
+    cfg, stats = DataConfig(path=str(path)), {}
+    tracemalloc.start()
+    try:
+        assert check_data(cfg) == 3
+        with caplog.at_level(logging.WARNING):
+            kept = load_prompts(cfg, OnlyShortText(tok), stats=stats)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
+    assert [r.label for r in kept] == ["1", "3"] and [r.index for r in kept] == [0, 2]
+    assert stats == {"rows": 3, "kept": 2, "dropped_too_long": 1}
+    assert (f"{path}:2: dropped unread: the line is over 1114112 bytes, the bound for "
+            f"data.max_prompt_len=1024 (prompts over max_prompt_len tokens are dropped)"
+            in caplog.text)
+
+
+def test_the_line_bound_leaves_room_for_metadata(tmp_path, tok):
+    """max_line_bytes: 64 bytes a prompt token and 1 MiB for the label and other keys; a
+    line of exactly the bound is read, one byte more is not."""
+    cfg = DataConfig(max_prompt_len=8)
+    bound = max_line_bytes(cfg)
+    assert bound == 64 * 8 + (1 << 20)
+    head, tail = '{"prompt": "hi", "label": "1", "tests": "', '"}'
+    tests = bound - len(head) - len(tail)
+    path = write_jsonl(tmp_path / "d.jsonl", [head + "t" * n + tail for n in (tests, tests + 1)])
+    (row,) = load_prompts(DataConfig(path=path, max_prompt_len=8), tok)
+    assert row.index == 0 and len(row.extra["tests"]) == tests
 
 
 def test_template_failure_is_a_data_error(tmp_path, tok):

@@ -68,30 +68,6 @@ def test_huge_response_reads_only_the_tail():
     assert extract_answer("\\boxed{99}" + " filler" * 2000) == ""  # beyond the tail
 
 
-def _spin(answer, label):
-    while True:
-        pass
-
-
-def test_timeout_in_main_thread(monkeypatch):
-    monkeypatch.setattr(reward, "_equivalent", _spin)
-    start = time.perf_counter()
-    assert grade("\\boxed{1}", "1", timeout_s=0.2) == Grade(0.0, "1", timed_out=True)
-    assert time.perf_counter() - start < 1.5
-    assert grade_batch(["\\boxed{1}"] * 2, ["1", "2"], timeout_s=0.1)[1]["timeouts"] == 2
-
-
-def test_timeout_off_main_thread(monkeypatch):
-    monkeypatch.setattr(reward, "_equivalent", _spin)
-    out = []
-    worker = threading.Thread(target=lambda: out.append(grade("\\boxed{1}", "1", timeout_s=0.2)))
-    worker.start()
-    worker.join(5)
-    assert out == [Grade(0.0, "1", timed_out=True)]
-    time.sleep(0.1)  # the watchdog's victim thread ends at its next bytecode
-    assert not [t for t in threading.enumerate() if t.name == "math-reward"]
-
-
 def test_grading_works_off_main_thread():
     out = []
     worker = threading.Thread(target=lambda: out.append(math_reward(WORKED, "0.5")))
@@ -110,14 +86,13 @@ def test_grade_batch_stats():
         grade_batch(["a", "b"], ["1"])
 
 
-def test_grade_batch_in_a_process_pool_matches_in_process():
-    import minisparse.data.reward as reward
-
+def test_grade_batch_over_three_processes_matches_one():
     responses = [WORKED, "\\boxed{3}", "no idea", "\\boxed{4}", "the answer is 5."] * 16
     labels = ["1/2", "3", "5", "5", "5"] * 16
     serial, serial_stats = grade_batch(responses, labels, workers=1)
+    reward._outcomes.items.clear()  # graded again, not read back
     pooled, pooled_stats = grade_batch(responses, labels, workers=3)
-    assert reward._pool is not None and reward._pool._max_workers == 3
+    assert reward._pool is not None and len(reward._pool.workers) >= 3
     assert [(g.score, g.answer) for g in pooled] == [(g.score, g.answer) for g in serial]
     assert [g.score for g in pooled[:5]] == [1.0, 1.0, 0.0, 0.0, 1.0]
     assert pooled_stats["accuracy"] == serial_stats["accuracy"] == 0.6

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,10 @@ def test_generate_is_prompt_major_with_per_sample_seeds(tiny, fake):
     assert backend.last_stats.generated_tokens == sum(len(o.token_ids) for o in outs)
     again = backend.generate(prompts, params)
     assert [o.token_ids for o in again] == [o.token_ids for o in outs]
+    # a later block of one batch split over ranks: seeded as in the whole batch
+    backend.generate(prompts[1:], replace(params, seed_offset=3))
+    _, _, sps, _ = fake.instances[0].calls[-1]
+    assert [sp["sampling_seed"] for sp in sps] == [seed_for(77, i) for i in range(3, 6)]
 
 
 # ---- phases and weights ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""score_batch: rewards from the grader, in the number of processes the config asks for."""
+"""score_batch: rewards from the grader, with the processes and limit the config asks for."""
 import torch
 
 from minisparse.config.schema import RewardConfig
@@ -12,14 +12,14 @@ class CharTokenizer:
         return ["".join(map(chr, row)) for row in ids]
 
 
-def test_score_batch_grades_with_the_workers_given(grade_workers):
+def test_score_batch_grades_with_the_workers_and_limit_given(grade_calls):
     texts = ["\\boxed{2}", "\\boxed{3}", "no answer"]
     batch = RolloutBatch(
         prompts=[[1]] * 3, responses=[list(map(ord, t)) for t in texts], labels=["2"] * 3,
         finish_reasons=["stop"] * 3, rollout_logp=torch.zeros(3, 9),
         response_mask=torch.ones(3, 9, dtype=torch.bool), num_compressions=[0] * 3,
         evicted_tokens=[0] * 3, peak_cache_tokens=[0] * 3)
-    stats = score_batch(batch, CharTokenizer(), RewardConfig(workers=4))
-    assert grade_workers == [4]
+    stats = score_batch(batch, CharTokenizer(), RewardConfig(workers=4, timeout_s=0.7))
+    assert grade_calls == [(4, 0.7)]
     assert batch.rewards.tolist() == [1.0, 0.0, 0.0]
     assert stats["accuracy"] == 1 / 3 and stats["no_answer"] == 1

@@ -10,7 +10,8 @@ from minisparse.config.schema import Config, ConfigError
 from minisparse.data.benchmarks import BenchmarkError
 from minisparse.data.datasets import DataError
 from minisparse.trainer.checkpoint import MARKER, CheckpointError
-from minisparse.trainer.preflight import PreflightError, check_run, check_world
+from minisparse.trainer.preflight import Checked, check_run, check_world
+from minisparse.trainer.run_lock import LOCK_FILE, RunLockError
 
 
 def _cfg(tmp_path: Path, *overrides: str):
@@ -32,11 +33,26 @@ def _checkpoint(out: Path, rollout: int, world: int, complete: bool = True) -> P
     return d
 
 
+def _passed(cfg: Config, world: int, resume_required: bool) -> Checked:
+    """check_run as train.py calls it once, the folder released after (a test calls it
+    again in the same process)."""
+    checked = check_run(cfg, world, resume_required)
+    checked.lock.release()
+    return checked
+
+
 def test_a_good_run_passes_and_makes_its_output_dir(tmp_path):
     good = _data(tmp_path, '{"prompt": "1+1?", "label": "2"}')
-    checked = check_run(_cfg(tmp_path, f"data.path={good}"), 1, resume_required=False)
+    checked = _passed(_cfg(tmp_path, f"data.path={good}"), 1, resume_required=False)
     assert checked.eval_problems is None and checked.resume_from is None
-    assert [p.name for p in (tmp_path / "out").iterdir()] == []  # the write probe is gone
+    # the write probe is gone; the lock file stays, empty once released
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [LOCK_FILE]
+
+
+def test_a_failed_check_leaves_the_folder_free(tmp_path):
+    with pytest.raises(CheckpointError):
+        check_run(_cfg(tmp_path), 1, resume_required=True)  # nothing to resume from
+    _passed(_cfg(tmp_path), 1, resume_required=False)  # not refused as held
 
 
 @pytest.mark.parametrize("lines,error,message", [
@@ -59,29 +75,31 @@ def test_missing_paths_are_named(tmp_path):
         check_run(_cfg(tmp_path, "model.path=/nonexistent/model"), 1, False)
     (tmp_path / "file").write_text("")
     cfg = load_config("tiny_rkv", [f"output_dir={tmp_path / 'file' / 'out'}"])
-    with pytest.raises(PreflightError) as info:
+    with pytest.raises(RunLockError) as info:
         check_run(cfg, 1, False)
     assert str(info.value) == f"output_dir: cannot write to {tmp_path}/file/out: Not a directory"
     missing = tmp_path / "no-eval-data"
     cfg = _cfg(tmp_path, "eval_interval=1", "eval.benchmarks=gsm8k", f"eval.data_dir={missing}")
     with pytest.raises(BenchmarkError, match=str(missing)):
         check_run(cfg, 1, False)
-    assert check_run(_cfg(tmp_path, f"eval.data_dir={missing}"), 1, False).eval_problems is None
+    assert _passed(_cfg(tmp_path, f"eval.data_dir={missing}"), 1, False).eval_problems is None
 
 
-def test_resume_takes_the_newest_complete_checkpoint_of_as_many_ranks(tmp_path):
+def test_resume_takes_the_newest_complete_checkpoint_of_any_number_of_ranks(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(CheckpointError, match="--resume: no complete checkpoint under"):
         check_run(_cfg(tmp_path), 1, resume_required=True)
     _checkpoint(out, 1, world=1)
     newest = _checkpoint(out, 2, world=1)
     _checkpoint(out, 3, world=1, complete=False)  # killed mid-save
-    assert check_run(_cfg(tmp_path), 1, resume_required=True).resume_from == newest
-    assert check_run(_cfg(tmp_path), 1, resume_required=False).resume_from == newest  # auto
-    assert check_run(_cfg(tmp_path, "resume=never"), 1, False).resume_from is None
-    _checkpoint(out, 4, world=2)
-    with pytest.raises(CheckpointError, match="saved by 2 processes and this run has 1"):
-        check_run(_cfg(tmp_path), 1, resume_required=False)
+    assert _passed(_cfg(tmp_path), 1, resume_required=True).resume_from == newest
+    assert _passed(_cfg(tmp_path), 1, resume_required=False).resume_from == newest  # auto
+    assert _passed(_cfg(tmp_path, "resume=never"), 1, False).resume_from is None
+    newest = _checkpoint(out, 4, world=2)  # resharded when it loads (trainer/universal.py)
+    assert _passed(_cfg(tmp_path), 1, resume_required=True).resume_from == newest
+    with pytest.raises(CheckpointError, match="rollout_000004 was saved by 2 processes and "
+                                              "this run has 1: resharding ZeRO 3"):
+        check_run(_cfg(tmp_path, "zero_stage=3"), 1, resume_required=False)
 
 
 def test_batch_sizes_must_split_over_ranks():
