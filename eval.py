@@ -2,6 +2,7 @@
 
     python eval.py --model PATH --output DIR [--benchmarks gsm8k,math500,...]
                    [--compress rkv|my_rules:MyRule --budget 512 ...] [--config NAME]
+    python eval.py --run OUTPUT_DIR [--full] [--no-base]   # a training run's own task
 
 With no other flags it follows the paper's protocol (seven benchmarks, T=0.8, top-p 0.95,
 1 sample / 8,192 tokens, 32 samples / 16,384 tokens on aime24 and amc23, "boxed" prompt).
@@ -9,6 +10,12 @@ The same checkpoint can be scored dense and with a compressed KV cache (--compre
 measure how robust it is when served compressed. Model, compression and engine settings
 may come from a training config (--config); explicit flags win. Bad benchmarks, files,
 rows, models or settings exit with code 2 before any generation. See docs/eval.md.
+
+--run scores a training run's newest complete checkpoint on the run's own task (generated
+arithmetic at its difficulty, else its eval benchmarks) with its prompt template, at a
+size a CPU finishes in minutes (RUN_LIMIT distinct problems, RUN_SAMPLES samples of up to
+the run's max_response_len tokens, its temperature and top_p; --full: the protocol), and
+the run's base model (model.path) the same way, once, beside it.
 """
 from __future__ import annotations
 
@@ -23,6 +30,8 @@ from minisparse.config.load import dump_config, load_config, section_keys
 from minisparse.config.schema import Config, ConfigError, EvalConfig
 from minisparse.data.benchmarks import BenchmarkError, load_benchmarks, parse_benchmark_names
 from minisparse.data.synthetic import Difficulty
+from minisparse.trainer.checkpoint import latest_checkpoint
+from minisparse.trainer.run_config import run_config_path
 
 # Config keys with a flag; a flag given on the command line becomes a KEY=VALUE override.
 MODEL_KEYS = ("model.path", "model.dtype")
@@ -36,13 +45,26 @@ RUN_KEYS = ("seed", *MODEL_KEYS, *ENGINE_FLAG_KEYS, *COMPRESS_KEYS, *ARITHMETIC_
 # eval.compress is for evaluation during training; here --compress and its flags decide.
 EVAL_KEYS = tuple(k for k in section_keys("eval") if k != "eval.compress")
 UNSET = "flags left out keep the --config's value, else the default shown here"
+# --run without --full: a quick look that a CPU finishes in minutes, not the protocol.
+RUN_LIMIT = 50
+RUN_SAMPLES = 4
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
-    p.add_argument("--output", required=True, help="results folder (re-runs skip finished "
-                                                   "benchmarks)")
+    p.add_argument("--output", default=None, help="results folder (re-runs skip finished "
+                   "benchmarks); default with --run: OUTPUT_DIR/eval/quick/CHECKPOINT "
+                   "(--full: eval/full/)")
+    r = p.add_argument_group("a training run (instead of --model and --config)")
+    r.add_argument("--run", metavar="OUTPUT_DIR", default=None,
+                   help="score the run's newest checkpoint on its own task and prompt, "
+                        f"{RUN_LIMIT} problems x {RUN_SAMPLES} samples of up to its "
+                        "max_response_len tokens, beside its base model")
+    r.add_argument("--full", action="store_true",
+                   help="with --run: every problem, the protocol's samples and lengths")
+    r.add_argument("--no-base", dest="base", action="store_false",
+                   help="with --run: do not score the base model")
     p.add_argument("--overwrite", action="store_true", help="redo finished benchmarks")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
@@ -62,15 +84,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run_checkpoint(run: str) -> tuple[Path, Path]:
+    """(the run's recorded config, its newest complete checkpoint); ConfigError naming what
+    the folder lacks."""
+    config = run_config_path(run)
+    if not config.is_file():
+        why = ("no such folder" if not Path(run).is_dir() else
+               f"no {config.name}: not a training run's output_dir, or one from before runs "
+               f"recorded their config (score its checkpoint with --model and --config)")
+        raise ConfigError(f"--run {run}: {why}")
+    newest = latest_checkpoint(run)
+    if newest is None:
+        raise ConfigError(f"--run {run}: no complete checkpoint under {run}/checkpoints "
+                          f"(a run with save_interval 0 saves none)")
+    return config, newest
+
+
+def run_overrides(cfg: Config, full: bool) -> tuple[list[str], list[str]]:
+    """(config, eval) overrides that score a run on its own task: generated arithmetic at
+    its difficulty for a synthetic run (else its eval benchmarks, else the paper's), the
+    prompt its rows had, dense unless its in-training eval compressed; without `full`,
+    RUN_LIMIT problems x RUN_SAMPLES samples at its own length, temperature and top_p."""
+    synthetic = cfg.data.path == "synthetic"
+    template = (("user" if cfg.data.apply_chat_template else "boxed") if synthetic
+                else cfg.eval.prompt_template)
+    benchmarks = "arithmetic" if synthetic else ",".join(cfg.eval.benchmarks)
+    evals = [f"eval.prompt_template={template}", f"eval.data_dir={cfg.eval.data_dir}"]
+    evals += [f"eval.benchmarks={benchmarks}"] if benchmarks else []
+    if not full:
+        evals += [f"eval.limit={RUN_LIMIT}", f"eval.n_samples={RUN_SAMPLES}",
+                  f"eval.max_new_tokens={cfg.max_response_len}",
+                  f"eval.temperature={cfg.temperature}", f"eval.top_p={cfg.top_p}"]
+    return ([] if cfg.eval.compress else ["compress.algorithm=none"]), evals
+
+
 def resolve_settings(args: argparse.Namespace) -> tuple[Config, EvalConfig]:
-    """(run config, eval config). Model/compress/engine: --config, then --set, then flags.
-    Eval: the schema's protocol defaults, then --set eval.*, then flags; a training config's
-    own eval section (its in-training evaluation) is not used."""
-    if getattr(args, "model.path") is None and args.config is None:
-        raise ConfigError("give --model (or --config with model.path)")
+    """(run config, eval config). Model/compress/engine: --config (--run: the run's
+    recorded one, its newest checkpoint as the model), then --set, then flags.
+    Eval: the schema's protocol defaults (--run: run_overrides), then --set eval.*, then
+    flags; a training config's own eval section (its in-training evaluation) is not used."""
+    config, base_sets, eval_overrides = args.config, [], []
+    if args.run is not None:
+        config, newest = run_checkpoint(args.run)
+        base_sets, eval_overrides = run_overrides(load_config(config), args.full)
+        base_sets.append(f"model.path={newest / 'hf'}")
+    if getattr(args, "model.path") is None and config is None:
+        raise ConfigError("give --model (or --config with model.path, or --run)")
     sets = list(args.overrides)
-    cfg = load_config(args.config, sets + config_overrides(args, RUN_KEYS))
-    eval_overrides = [s for s in sets if s.strip().startswith("eval.")]
+    cfg = load_config(config, base_sets + sets + config_overrides(args, RUN_KEYS))
+    eval_overrides += [s for s in sets if s.strip().startswith("eval.")]
     eval_overrides += config_overrides(args, EVAL_KEYS)
     eval_cfg = load_config(None, eval_overrides).eval
     given = {s.split("=", 1)[0].strip() for s in eval_overrides}
@@ -103,6 +165,40 @@ def _device(name: str | None) -> str:
     return name or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def output_folder(args: argparse.Namespace, name: str) -> Path:
+    """Where results go: --output, else (--run) OUTPUT_DIR/eval/quick|full/NAME; in-training
+    evaluation writes OUTPUT_DIR/eval/rollout_N itself, with its own settings."""
+    if name != "base" and args.output is not None:
+        return Path(args.output)
+    if args.run is None:
+        raise ConfigError("give --output DIR (the results folder), or --run OUTPUT_DIR")
+    return Path(args.run) / "eval" / ("full" if args.full else "quick") / name
+
+
+def score(cfg: Config, eval_cfg: EvalConfig, problems: dict, output: Path,
+          args: argparse.Namespace) -> dict:
+    """Load cfg.model.path, build its engine and evaluate it into `output`: the summary."""
+    from minisparse.engine import make_backend
+    from minisparse.evaluation import check_prompt_template, evaluate
+    from minisparse.models.loading import load_policy
+
+    device = _device(args.device)
+    model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
+    check_prompt_template(tokenizer, eval_cfg.prompt_template)
+    engine = make_backend(cfg, model, tokenizer, device)
+    return evaluate(engine, tokenizer, eval_cfg, output,
+                    settings=run_settings(cfg, eval_cfg.benchmarks), seed=cfg.seed,
+                    overwrite=args.overwrite, progress=args.progress, problems=problems,
+                    reward=cfg.reward)
+
+
+def base_line(name: str, summary: dict, base: str, base_summary: dict, where: Path) -> str:
+    """The checkpoint's average accuracy beside its base model's."""
+    return (f"average accuracy: {100 * summary['average_accuracy']:.1f}% for {name}, "
+            f"{100 * base_summary['average_accuracy']:.1f}% for the base model {base} "
+            f"(its results in {where})")
+
+
 def run(args: argparse.Namespace) -> int:
     cfg, eval_cfg = resolve_settings(args)
     if args.print_config:
@@ -111,25 +207,25 @@ def run(args: argparse.Namespace) -> int:
     from minisparse.compression import check_rule
 
     check_rule(cfg.compress)  # imported before the benchmarks are read or a model loads
+    name = Path(cfg.model.path).parent.name if args.run else "model"
+    output = output_folder(args, name)
     level = Difficulty.from_config(cfg.data)
     problems = load_benchmarks(eval_cfg.benchmarks, eval_cfg.data_dir, eval_cfg.limit, level)
-    from minisparse.engine import check_backend, make_backend
-    from minisparse.evaluation import check_prompt_template, evaluate, format_table
-    from minisparse.models.loading import load_policy
+    from minisparse.engine import check_backend
+    from minisparse.evaluation import format_table
     from minisparse.quiet import quiet_libraries
 
     quiet_libraries(cfg.log.verbose)
     check_backend(cfg)
-    device = _device(args.device)
-    model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
-    check_prompt_template(tokenizer, eval_cfg.prompt_template)
-    engine = make_backend(cfg, model, tokenizer, device)
-    settings = run_settings(cfg, eval_cfg.benchmarks)
-    summary = evaluate(engine, tokenizer, eval_cfg, args.output, settings=settings,
-                       seed=cfg.seed, overwrite=args.overwrite, progress=args.progress,
-                       problems=problems, reward=cfg.reward)
+    summary = score(cfg, eval_cfg, problems, output, args)
     print(format_table(summary))
-    print(f"results in {Path(args.output).resolve()}")
+    print(f"results in {output.resolve()}")
+    if args.run is not None and args.base:
+        base = load_config(run_config_path(args.run)).model.path
+        base_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=base))
+        where = output_folder(args, "base")
+        print(base_line(name, summary, base, score(base_cfg, eval_cfg, problems, where, args),
+                        where))
     return 0
 
 

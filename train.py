@@ -74,8 +74,9 @@ from minisparse.trainer.memory.plan import (MemoryPlan, comparison_line, plan_er
 from minisparse.trainer.preflight import PreflightError, check_run
 from minisparse.trainer.run_lock import RunLockError
 from minisparse.trainer.report import (config_menu, end_report, finished_message,
-                                       no_config_message, start_report, stop_report)
-from minisparse.trainer.stop import StopOnSignal
+                                       interrupted_report, no_config_message, start_report,
+                                       stop_report, term_notice)
+from minisparse.trainer.stop import NAMES, StopOnSignal
 from minisparse.trainer.train_engine import build_train_engine
 # the algorithm: GRPO with the Sparse-RL corrections
 from minisparse.grpo.advantages import compute_advantages
@@ -112,6 +113,7 @@ class Run:
     peak: float | None = None  # peak FLOP/s per GPU (None: MFU not logged)
     eval_problems: dict | None = None  # benchmark name -> problems, read at setup
     start_rollout: int = 0  # rollouts already done (from a checkpoint)
+    current_rollout: int = 0  # the rollout under way (0: none yet), for a stop's report
     nonfinite_steps: int = 0
 
 
@@ -151,7 +153,8 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     plan = plan_memory(cfg, device, dist.world_size())  # also before: exits 2 if it cannot fit
     cfg.zero_stage = plan.zero_stage  # zero_stage=auto: the plan's choice
     if dist.rank() == 0:
-        print(plan.table(), flush=True)
+        if plan.setup is not None:  # a CPU run plans nothing, and needs no word on it
+            print(plan.table(), flush=True)
         plan.save(cfg.output_dir)
     random.seed(cfg.seed + dist.rank())
     torch.manual_seed(cfg.seed + dist.rank())
@@ -161,7 +164,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
         check_prompt_template(tokenizer, cfg.eval.prompt_template)
     attention = use_attention(policy, cfg.model.attention)  # the reference copy inherits these
     kernels = use_liger_kernel(policy, cfg.model.liger_kernel, device.type == "cuda")
-    if dist.rank() == 0:
+    if dist.rank() == 0 and device.type == "cuda":  # GPU kernels: nothing to say on a CPU
         print(f"training passes: {attention}, {kernels}", flush=True)
     if plan.gradient_checkpointing:
         checkpoint_layers(policy, plan.checkpointed_layers)
@@ -365,13 +368,14 @@ def save_phase(run: Run, rollout: int) -> None:
 # --------------------------------------------------------------------------------- loop
 
 
-def train(run: Run, sigterm: StopOnSignal) -> int | None:
+def train(run: Run, signals: StopOnSignal) -> int | None:
     """The rollouts left; None when all ran, else the rollout after which a SIGTERM
     stopped the run (saved, so the same command resumes after it)."""
     cfg = run.cfg
     rollouts = range(run.start_rollout + 1, cfg.num_rollout + 1)
     bar = _progress(rollouts, cfg.num_rollout, enabled=dist.rank() == 0 and sys.stdout.isatty())
     for rollout in bar:
+        run.current_rollout = rollout
         metrics: dict[str, float] = {}
         steps_done = run.train_engine.global_steps
         started = time.perf_counter()
@@ -402,7 +406,7 @@ def train(run: Run, sigterm: StopOnSignal) -> int | None:
             if rollout == run.start_rollout + 1 and (line := comparison_line(metrics)):
                 bar.write(line)
         stop = run.nonfinite_steps >= max(1, cfg.max_nonfinite_steps)
-        signalled = sigterm.requested()
+        signalled = signals.requested()
         if cfg.save_interval and (
             rollout % cfg.save_interval == 0 or rollout == cfg.num_rollout or stop or signalled
         ):
@@ -446,13 +450,46 @@ def _progress(iterable, total: int, enabled: bool):
 def main() -> None:
     cfg, args = parse_args()
     quiet_libraries(cfg.log.verbose)
-    finished = finished_message(cfg)
+    try:
+        finished = finished_message(cfg)
+    except ConfigError as exc:  # the folder's finished run trained other settings
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     if finished:
         if int(os.environ.get("RANK", "0")) == 0:
             print(finished)
         return
     started = time.perf_counter()
-    sigterm = StopOnSignal()  # from here a SIGTERM stops the run after a rollout, saved
+    # from here SIGTERM and Ctrl-C stop set-up at once; training: see trainer/stop.py
+    signals = StopOnSignal(speak=int(os.environ.get("RANK", "0")) == 0)
+    run = None
+    try:
+        run = setup_and_report(cfg, args)
+        signals.training(term_notice(cfg))
+        stopped = train(run, signals)
+        if dist.rank() == 0:
+            minutes = (time.perf_counter() - started) / 60
+            print(end_report(cfg, minutes) if stopped is None
+                  else stop_report(cfg, stopped, minutes), flush=True)
+    except BaseException:
+        if signals.interrupted is None:  # not a stop: the error as it is
+            raise
+        # Interrupted, or what a peer rank's stop did to a collective on this one
+        signum = signals.interrupted
+        if signals.speak:
+            print(interrupted_report(cfg, NAMES[signum], run and run.current_rollout),
+                  flush=True)
+        raise SystemExit(128 + signum) from None
+    finally:
+        signals.close()
+        if run is not None:
+            run.logger.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def setup_and_report(cfg: Config, args: argparse.Namespace) -> Run:
+    """setup(), its input errors as one line and exit 2, then the start report."""
     try:
         run = setup(cfg, resume_required=args.resume)
     except (ConfigError, DataError, BenchmarkError, CheckpointError, PreflightError,
@@ -463,17 +500,7 @@ def main() -> None:
         longest = max(len(r.prompt_ids) for r in run.rows)
         print(start_report(cfg, args.config, args.overrides, str(run.device),
                            dist.world_size(), run.start_rollout, longest), flush=True)
-    try:
-        stopped = train(run, sigterm)
-        if dist.rank() == 0:
-            minutes = (time.perf_counter() - started) / 60
-            print(end_report(cfg, minutes) if stopped is None
-                  else stop_report(cfg, stopped, minutes), flush=True)
-    finally:
-        sigterm.close()
-        run.logger.close()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    return run
 
 
 if __name__ == "__main__":

@@ -27,8 +27,6 @@ import argparse
 import json
 import os
 import sys
-import time
-from collections.abc import Callable
 
 import torch
 
@@ -37,6 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minisparse.models.flops import flop_shape, forward_flops, peak_flops  # noqa: E402
 from minisparse.models.loading import SHAPES, shape_config  # noqa: E402
 from minisparse.models.tiny import TINY_MODEL  # noqa: E402
+from minisparse.trainer.memory.phases import timed  # noqa: E402
 
 STACKS = ("hf", "liger", "liger_fa4")
 
@@ -104,16 +103,6 @@ def prepare(stack: str, model_name: str, device: torch.device):
                                 fused_linear_cross_entropy=False, model=model)
     loss = LigerFusedLinearCrossEntropyLoss(reduction="none")
     return model, lambda ids, p: liger_logprobs(loss, model, ids, p)
-
-
-def timed(fn: Callable[[], None], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
 
 
 def run_stack(stack: str, args: argparse.Namespace, device: torch.device) -> list[dict]:

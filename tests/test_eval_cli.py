@@ -231,3 +231,11 @@ def test_arithmetic_follows_the_difficulty_flags_and_records_it(tiny_path, tmp_p
     cfg, _ = resolve("--model", "m", "--config", "smollm2_cpu")
     assert (cfg.data.synthetic_max_operand, cfg.data.synthetic_operators) == (9, ["+"])
     assert "arithmetic" not in eval_cli.run_settings(resolve("--model", "m")[0], ["arithmetic"])
+
+
+def test_print_config_needs_no_output(capsys):
+    assert eval_cli.main(["--model", "tiny", "--print-config"]) == 0
+    assert "path: tiny" in capsys.readouterr().out
+    assert eval_cli.main(["--model", "tiny"]) == 2
+    assert capsys.readouterr().err == ("eval.py: error: give --output DIR (the results "
+                                       "folder), or --run OUTPUT_DIR\n")

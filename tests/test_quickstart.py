@@ -103,7 +103,8 @@ def test_quick_start_is_what_this_test_knows():
     assert commands[0] == "bash install.sh"
     assert sum(c.startswith("python -m minisparse.download --model") for c in commands) == 1
     assert [c for c in commands if real_model(c)] == [
-        "python train.py --config smollm2_cpu", "python train.py --config smollm2_cpu_rkv",
+        "python train.py --config smollm2_cpu", "python eval.py --run outputs/smollm2_cpu",
+        "python train.py --config smollm2_cpu_rkv",
         "python -m minisparse.plot outputs/smollm2_cpu outputs/smollm2_cpu_rkv"]
 
 
@@ -132,7 +133,9 @@ def test_offline_commands_as_written(checkout, _minisparse_cache):
     assert "outputs/tiny_rkv already holds a finished run: 3 of 3 rollouts" in again.stdout
     assert "--set num_rollout=6" in again.stdout
     assert sorted((checkout / "outputs/tiny_rkv/tensorboard").iterdir()) == events
-    assert (checkout / "results/tiny/arithmetic/metrics.json").is_file()
+    scored = checkout / "outputs/tiny_rkv/eval/quick"
+    assert (scored / "rollout_000003/arithmetic/metrics.json").is_file()
+    assert (scored / "base/arithmetic/metrics.json").is_file()
 
 
 def test_real_model_commands(checkout, _minisparse_cache):

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -132,9 +133,9 @@ def runs(tmp_path_factory, _minisparse_cache):
     assert f"resumed from {newest} " in second.stdout
     third = _train(straight, *EVERY, cache=_minisparse_cache)
     assert third.returncode == 0, third.stderr[-3000:]
-    # no GPU: the memory plan says so in one line and the run goes on as before
-    assert third.stdout.startswith("memory plan: no GPU, not planned (gradient checkpointing "
-                                   "off; gpu_memory_gb plans for a GPU of that size)\n")
+    # no GPU: no word on a memory plan or GPU kernels; the start report comes first
+    assert third.stdout.startswith("config: tiny_rkv, with "), third.stdout[:500]
+    assert "memory plan" not in third.stdout and "training passes" not in third.stdout
     return resumed, straight
 
 
@@ -318,6 +319,22 @@ def test_in_training_eval_is_dense_unless_asked(tmp_path, _minisparse_cache, com
     assert all(int(n) <= 9 for q in questions for n in q[9:-2].split(" + "))
 
 
+def _signalled_after(out: Path, rows: int, signum: int, *args: str,
+                     cache: Path) -> tuple[subprocess.Popen, str, str]:
+    """Start a run, send it `signum` once metrics.jsonl holds `rows` rows; the finished
+    process, its stdout and stderr."""
+    proc = subprocess.Popen(_cmd(out, *args), cwd=REPO, env=_env(cache),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.is_file() and metrics.read_text().count("\n") >= rows:
+            proc.send_signal(signum)
+            break
+        time.sleep(0.02)
+    stdout, stderr = proc.communicate(timeout=600)
+    return proc, stdout, stderr
+
+
 def test_sigterm_stops_after_the_rollout_saved_and_the_command_resumes(
         tmp_path, _minisparse_cache):
     """A SIGTERM (a time limit's, a scheduler's) ends the run after the rollout under way
@@ -325,25 +342,79 @@ def test_sigterm_stops_after_the_rollout_saved_and_the_command_resumes(
     same command then resumes after it instead of starting over."""
     out = tmp_path / "stopped"
     args = ["--set", "num_rollout=50", "--set", "save_interval=50"]
-    proc = subprocess.Popen(_cmd(out, *args), cwd=REPO, env=_env(_minisparse_cache),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline:
-        if metrics.is_file() and metrics.read_text().count("\n") >= 1:
-            proc.send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.05)
-    stdout, stderr = proc.communicate(timeout=600)
+    proc, stdout, stderr = _signalled_after(out, 1, signal.SIGTERM, *args,
+                                            cache=_minisparse_cache)
     assert proc.returncode == 0, stderr[-3000:]
     done = len(_rows(out))
     assert 1 <= done < 50
     assert f"stopped by SIGTERM after rollout {done} of 50" in stdout
+    assert ("SIGTERM received: the rollout under way finishes and is saved, then the run "
+            "stops (the same command resumes); send it again to stop at once\n") in stdout
     assert [p.name for p in complete_checkpoints(out)] == [f"rollout_{done:06d}"]
     again = _train(out, "--set", f"num_rollout={done + 1}", "--set", "save_interval=50",
                    cache=_minisparse_cache)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"(rollout {done}," in again.stdout
     assert [r["rollout"] for r in _rows(out)] == list(range(1, done + 2))
+
+
+def _started(out: Path, *args: str, cache: Path, **env: str) -> subprocess.Popen:
+    """A run, returned once its pre-flight has taken output_dir's lock: in set-up, before
+    its model loads."""
+    proc = subprocess.Popen(_cmd(out, *args), cwd=REPO, env=_env(cache, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock, deadline = out / ".run.lock", time.monotonic() + 300
+    while not (lock.is_file() and f'"pid": {proc.pid},' in lock.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    return proc
+
+
+@pytest.mark.parametrize("signum, code, name", [(signal.SIGINT, 130, "Ctrl-C"),
+                                                (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_during_set_up_stops_at_once_in_one_line(tmp_path, _minisparse_cache,
+                                                          signum, code, name):
+    """Set-up (a big model's loading: half an hour) ignored SIGTERM until the first
+    rollout ended, and Ctrl-C printed a traceback. Now either stops it within seconds,
+    saying so in one line with the command that starts it again."""
+    out = tmp_path / "setup"
+    proc = _started(out, cache=_minisparse_cache)
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 10
+    assert proc.returncode == code, stderr[-3000:]
+    assert "Traceback" not in stderr + stdout
+    assert stdout.endswith(f"stopped by {name} during set-up; nothing saved yet; to start "
+                           f"again: python train.py {' '.join(BASE)} --set output_dir={out}\n")
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_ctrl_c_in_training_names_the_checkpoint_and_the_command_that_resumes(
+        tmp_path, _minisparse_cache):
+    """Ctrl-C stops at once, without a traceback, exit 130: one line names the newest
+    checkpoint and the command; that command, run again, resumes after it."""
+    out = tmp_path / "ctrl_c"
+    args = ["--set", "num_rollout=12", "--set", "save_interval=1"]
+    proc, stdout, stderr = _signalled_after(out, 2, signal.SIGINT, *args,
+                                            cache=_minisparse_cache)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr + stdout
+    newest = latest_checkpoint(out)
+    done = int(newest.name.split("_")[1])
+    match = re.search(rf"\nstopped by Ctrl-C in rollout (\d+); saved: {re.escape(str(newest))} "
+                      rf"\(rollout {done}\); to continue from it: (python train.py .*)\n$",
+                      stdout)
+    assert match, stdout[-2000:]
+    assert int(match[1]) in (done, done + 1)
+    command = shlex.split(match[2])
+    assert command[1:] == _cmd(out, *args)[1:]
+    again = subprocess.run([sys.executable, *command[1:], "--resume"], cwd=REPO,
+                           env=_env(_minisparse_cache), capture_output=True, text=True,
+                           timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {newest} (rollout {done}," in again.stdout
+    assert [r["rollout"] for r in _rows(out)] == list(range(1, 13))
 
 
 def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
@@ -444,8 +515,12 @@ def test_a_second_run_in_the_same_folder_exits_2_naming_the_first(tmp_path, _min
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         second = _train(out, *args, cache=_minisparse_cache, timeout=120)
+        metrics = out / "metrics.jsonl"
+        while not metrics.is_file() or "\n" not in metrics.read_text():  # set-up is over
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
         assert first.poll() is None  # still training
-        first.send_signal(signal.SIGTERM)
+        first.send_signal(signal.SIGTERM)  # in training: the rollout finishes, saved
         stdout, stderr = first.communicate(timeout=600)
     finally:
         if first.poll() is None:

@@ -81,9 +81,18 @@ def range_rules() -> dict[str, Rule]:
 
 
 def _unknown(key: str) -> ConfigError:
-    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    close = _same_name_elsewhere(key) or difflib.get_close_matches(key, _all_keys(), n=1,
+                                                                   cutoff=0.6)
+    hint = f" (did you mean {' or '.join(repr(k) for k in close)}?)" if close else ""
     return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _same_name_elsewhere(key: str) -> list[str]:
+    """Keys whose last part is the unknown key's last part, in another section: a key
+    given without its section (`lr` for `optim.lr`) is spelt right but placed wrong, and
+    difflib, comparing whole dotted keys, misses it."""
+    name = key.rsplit(".", 1)[-1]
+    return [k for k in _all_keys() if k != key and k.rsplit(".", 1)[-1] == name]
 
 
 def _split_optional(hint: Any) -> tuple[Any, bool]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minisparse.data.reward import last_boxed
-from minisparse.data.synthetic import Difficulty, synthetic_problems
+from minisparse.data.synthetic import Difficulty, distinct_problems
 
 # The seven benchmarks the Sparse-RL paper reports, in its table order.
 PAPER_BENCHMARKS: tuple[str, ...] = (
@@ -141,8 +141,8 @@ REGISTRY: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("amc23", read_amc23, n_samples=32, max_new_tokens=16384),
         BenchmarkSpec("gaokao2023en", read_gaokao2023en),
         BenchmarkSpec("arithmetic", None, n_samples=4, max_new_tokens=1024, size=500,
-                      generate=lambda n, level: synthetic_problems(n, ARITHMETIC_SEED, "heldout",
-                                                                     level)),
+                      generate=lambda n, level: distinct_problems(n, ARITHMETIC_SEED, "heldout",
+                                                                    level)),
     )
 }
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Iterator
+from itertools import islice
 from dataclasses import dataclass
 
 from minisparse.config.schema import DataConfig, Operator, choices
@@ -26,6 +28,7 @@ SPLITS = ("train", "heldout")
 OPERATORS = choices(Operator)
 MAX_FACTOR = 30  # largest operand next to a multiplication
 MAX_MISSES = 100_000  # draws in a row outside the split before the split counts as empty
+REPEATS_DONE = 10_000  # draws in a row that repeat a problem: none new is left to draw
 
 _LATEX = {"+": "+", "-": "-", "*": "\\times"}
 
@@ -75,18 +78,14 @@ def user_prompt(question_text: str) -> str:
     return f"{question_text} {INSTRUCTION}"
 
 
-def synthetic_problems(n: int, seed: int = 0, split: str = "train",
-                       level: Difficulty = Difficulty()) -> list[tuple[str, str]]:
-    """n (question, answer) pairs of one split, drawn in a seeded order (with repeats when
-    the difficulty allows fewer distinct problems than n)."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+def _split_stream(seed: int, split: str, level: Difficulty) -> Iterator[tuple[str, str]]:
+    """(question, answer) pairs of one split, endlessly, in a seeded order (repeats
+    included); ValueError when MAX_MISSES draws in a row miss the split."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     rng = random.Random(seed)
-    out: list[tuple[str, str]] = []
     misses = 0
-    while len(out) < n:
+    while True:
         expr, answer = _problem(rng, level)
         if split_of(expr) != split:
             misses += 1
@@ -95,8 +94,33 @@ def synthetic_problems(n: int, seed: int = 0, split: str = "train",
                                  f"too few distinct problems; raise max_operand or operations")
             continue
         misses = 0
-        out.append((question(expr), str(answer)))
-    return out
+        yield question(expr), str(answer)
+
+
+def synthetic_problems(n: int, seed: int = 0, split: str = "train",
+                       level: Difficulty = Difficulty()) -> list[tuple[str, str]]:
+    """n (question, answer) pairs of one split, drawn in a seeded order (with repeats when
+    the difficulty allows fewer distinct problems than n)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    return list(islice(_split_stream(seed, split, level), n))
+
+
+def distinct_problems(n: int, seed: int = 0, split: str = "heldout",
+                      level: Difficulty = Difficulty()) -> list[tuple[str, str]]:
+    """The first n distinct pairs of synthetic_problems' order, fewer when the difficulty
+    has fewer (9 + 9 sums hold 8 held-out ones): a benchmark scores each problem once, so
+    its count says how many problems were scored, not how many draws."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    seen: dict[str, str] = {}
+    repeats = 0
+    stream = _split_stream(seed, split, level)
+    while len(seen) < n and repeats < REPEATS_DONE:
+        q, a = next(stream)
+        repeats = repeats + 1 if q in seen else 0
+        seen.setdefault(q, a)
+    return list(seen.items())
 
 
 def synthetic_rows(n: int, seed: int = 0,

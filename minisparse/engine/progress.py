@@ -9,7 +9,9 @@ import sys
 import time
 from typing import TextIO
 
-LINE_EVERY_S = 30.0  # a log file gets a line this often during a long call
+from minisparse import heartbeat
+
+LINE_EVERY_S = heartbeat.EVERY_S  # a log file gets a line this often during a long call
 REFRESH_S = 0.5  # the bar is redrawn at most this often
 
 
@@ -44,6 +46,7 @@ class GenerateProgress:
             print(f"  {self.desc}: {finished}/{self.total} sequences finished, {tokens} "
                   f"tokens, {rate:.0f} tok/s, {now - self.start:.0f} s", file=self.stream,
                   flush=True)
+            heartbeat.noted()  # the phase's heartbeat need not speak as well
 
     def close(self) -> None:
         if self.bar is not None:

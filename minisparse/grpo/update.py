@@ -16,7 +16,6 @@ launches the backward, and leave the GPU idle while it prepares the next micro-b
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 
@@ -25,7 +24,7 @@ from minisparse.trainer.batching import equalize_across_ranks, step_micro_batche
 from minisparse.trainer.distributed import all_reduce, world_size
 from minisparse.trainer.logprobs import response_logprobs
 from minisparse.grpo.loss import grpo_loss, step_denominator
-from minisparse.trainer.memory.phases import TrainingStateOffload
+from minisparse.trainer.memory.phases import TrainingStateOffload, timed
 from minisparse.grpo.rollout import RolloutBatch
 from minisparse.transfer import to_device
 
@@ -47,17 +46,6 @@ def _constant_backward(train_engine, scale: float) -> None:
 
 def device_of(train_engine) -> torch.device:
     return next(train_engine.module.parameters()).device
-
-
-def _timed(fn, device: torch.device) -> float:
-    """Seconds fn took on the device (synchronised around it on a GPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
 
 
 def micro_batch_loss(model, batch: RolloutBatch, rows: list[int], cfg: Config, denominator: float):
@@ -119,7 +107,7 @@ def optimizer_step(
         _constant_backward(train_engine, float("nan"))
     if offload is not None:
         offload.reload()
-    step_s = _timed(train_engine.step, device_of(train_engine))
+    step_s = timed(train_engine.step, device_of(train_engine))
     grad_norm = train_engine.get_global_grad_norm()
     grad_norm = float("nan") if grad_norm is None else float(grad_norm)
     applied = train_engine.was_step_applied() and finite and math.isfinite(grad_norm)

@@ -24,6 +24,17 @@ SUMMARY = (
     ("keep", "rs/kept_token_frac"),
     ("tok/s", "perf/rollout_tokens_per_s"),
 )
+# what each SUMMARY column means, in plain words, for the line printed once at start
+MEANINGS = {
+    "reward": "mean reward",
+    "acc": "share answered right",
+    "len": "mean answer tokens",
+    "pg": "policy-gradient loss",
+    "kl": "KL from the reference model",
+    "gnorm": "gradient norm",
+    "keep": "share of tokens kept by rejection sampling",
+    "tok/s": "sampling speed",
+}
 
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -120,6 +131,14 @@ class MetricsLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def summary_legend() -> str:
+    """The per-rollout line's columns explained once (two lines), so a newcomer can read it."""
+    words = [f"{label} = {MEANINGS[label]}" for label, _ in SUMMARY]
+    half = len(words) // 2
+    return (f"each rollout's line: {', '.join(words[:half])},\n"
+            f"  {', '.join(words[half:])}; time = seconds per phase")
 
 
 def summary_line(rollout: int, metrics: dict[str, float], total: int | None = None) -> str:

@@ -21,6 +21,7 @@ from minisparse.engine import check_backend
 from minisparse.trainer.checkpoint import (CheckpointError, check_pickles, checkpoint_root,
                                            remove_stale, trainer_state, usable_checkpoint)
 from minisparse.trainer.distributed import all_gather_object, rank
+from minisparse.trainer.run_config import record_config, settings_change
 from minisparse.trainer.run_lock import RunLock, hold_output_dir
 from minisparse.trainer.universal import refusal, saved_world_size
 from minisparse.models.loading import check_model_path
@@ -65,6 +66,8 @@ def _check_with_folder_held(cfg: Config, world: int, resume_required: bool,
         clear_stale(cfg.output_dir)
     resume_from = resume_checkpoint(cfg, resume_required, data_rows)
     check_reshard(cfg, resume_from, world)
+    if rank() == 0:  # what this run trains with, from here on the folder's (run_config.py)
+        record_config(cfg)
     problems = None
     if cfg.eval_interval:
         problems = load_benchmarks(cfg.eval.benchmarks, cfg.eval.data_dir, cfg.eval.limit,
@@ -131,6 +134,8 @@ def resume_checkpoint(cfg: Config, required: bool, data_rows: int) -> Path | Non
         if path is not None:
             check_pickles(path)
             check_data_order(cfg, path, data_rows)
+            if why := settings_change(cfg):  # a resume must not go on with another algorithm
+                raise CheckpointError(why)
         return path
 
     return decided_on_rank_0(choose)

@@ -6,6 +6,9 @@ go on. train.py prints these; they are built here so it stays a readable loop.
 """
 from __future__ import annotations
 
+import os
+import shlex
+import sys
 from pathlib import Path
 
 from minisparse.compression.policy import rule_class
@@ -13,6 +16,8 @@ from minisparse.compression.trigger import first_compression_len
 from minisparse.config.load import load_config, shipped_configs
 from minisparse.config.schema import Config, ConfigError
 from minisparse.trainer.checkpoint import damage, latest_checkpoint, trainer_state
+from minisparse.trainer.logger import summary_legend
+from minisparse.trainer.run_config import check_same_settings
 from minisparse.models.loading import SHAPES
 
 
@@ -73,6 +78,7 @@ def start_report(cfg: Config, config: str, overrides: list[str], device: str,
         cache_line(cfg, longest_prompt),
         f"outputs: {cfg.output_dir} (metrics.jsonl, "
         + ("tensorboard/, " if cfg.log.tensorboard else "") + saves + ")",
+        summary_legend(),
     ])
 
 
@@ -80,18 +86,24 @@ def plot_command(output_dir: str) -> str:
     return f"python -m minisparse.plot {output_dir}"
 
 
+def eval_command(output_dir: str) -> str:
+    return f"python eval.py --run {output_dir}"
+
+
 def end_report(cfg: Config, minutes: float) -> str:
     """Where the outputs are and how to look at them."""
     out = Path(cfg.output_dir)
     lines = [f"finished {cfg.num_rollout} rollouts in {minutes:.1f} min; outputs in {out}/:",
-             f"  metrics.jsonl       one row per rollout"]
+             "  metrics.jsonl       one row per rollout"]
     if cfg.log.tensorboard:
         lines.append(f"  tensorboard/        tensorboard --logdir {out / 'tensorboard'}")
     newest = latest_checkpoint(out)
     if newest is not None:
-        lines.append(f"  {(newest / 'hf').relative_to(out)}/  the trained model "
-                     f"(eval.py --model {newest / 'hf'})")
+        lines.append(f"  {(newest / 'hf').relative_to(out)}/  the trained model")
     lines.append(f"plot: {plot_command(cfg.output_dir)}  (writes {out / 'curves.png'})")
+    if newest is not None:
+        lines.append(f"score it: {eval_command(cfg.output_dir)}  (its own task, beside the "
+                     f"base model, minutes on a CPU; --full: the whole benchmark)")
     return "\n".join(lines)
 
 
@@ -103,12 +115,48 @@ def stop_report(cfg: Config, rollout: int, minutes: float) -> str:
             f"({minutes:.1f} min); {saved}")
 
 
+def continue_command(cfg: Config, argv: list[str] | None = None) -> str:
+    """The command line this process was started with, as the user would type it again
+    (torchrun's when under it): with resume=auto (the default) it resumes from the newest
+    checkpoint. A run started with resume=never gets resume=auto added, or it would start
+    over."""
+    words = list(sys.argv if argv is None else argv)
+    if cfg.resume == "never":
+        words += ["--set", "resume=auto"]
+    launcher = "python"
+    if "LOCAL_WORLD_SIZE" in os.environ:  # set by torchrun for its workers
+        launcher = f"torchrun --nproc_per_node {os.environ['LOCAL_WORLD_SIZE']}"
+    return f"{launcher} {shlex.join(words)}"
+
+
+def interrupted_report(cfg: Config, why: str, rollout: int | None) -> str:
+    """One line for a run stopped at once (Ctrl-C anywhere, SIGTERM during set-up): what
+    is saved and the command that continues."""
+    where = f"in rollout {rollout}" if rollout else "during set-up"
+    newest = latest_checkpoint(cfg.output_dir)
+    if newest is None:
+        return f"stopped by {why} {where}; nothing saved yet; to start again: " \
+               f"{continue_command(cfg)}"
+    done = trainer_state(newest)["rollout"]
+    return (f"stopped by {why} {where}; saved: {newest} (rollout {done}); to continue "
+            f"from it: {continue_command(cfg)}")
+
+
+def term_notice(cfg: Config) -> str:
+    """Said at once when a SIGTERM comes during training (the stop itself comes later)."""
+    then = ("finishes and is saved, then the run stops (the same command resumes)"
+            if cfg.save_interval else "finishes, then the run stops (save_interval 0: "
+            "nothing is saved)")
+    return f"SIGTERM received: the rollout under way {then}; send it again to stop at once"
+
+
 def finished_message(cfg: Config) -> str | None:
     """Said instead of starting when output_dir's newest checkpoint already holds every
     rollout this config asks for (a rerun of the same command would otherwise resume,
     find nothing to do and exit silently); None when there is work left, or when the
     newest checkpoint is damaged (sizes checked only: this runs on every launch, and
-    resume's pre-flight names the damage and falls back)."""
+    resume's pre-flight names the damage and falls back). Raises ConfigError when the
+    finished run's settings differ from cfg's: that variant has not run."""
     if cfg.resume == "never":
         return None
     newest = latest_checkpoint(cfg.output_dir)
@@ -117,6 +165,7 @@ def finished_message(cfg: Config) -> str | None:
     done = trainer_state(newest)["rollout"]
     if done < cfg.num_rollout:
         return None
+    check_same_settings(cfg)
     return (f"{cfg.output_dir} already holds a finished run: {done} of {cfg.num_rollout} "
             f"rollouts (checkpoint {newest}). To train on from it, raise num_rollout "
             f"(--set num_rollout={done + cfg.num_rollout}); to start again, give a new "

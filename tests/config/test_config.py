@@ -169,6 +169,9 @@ def test_zero_stage_is_auto_or_a_number(tmp_path):
     ("gpu_memory_gb=-1", "'gpu_memory_gb' must be >= 0, got -1"),
     ("compress.budgett=3", "unknown config key 'compress.budgett' (did you mean 'compress.budget'?)"),
     ("num_rolout=3", "did you mean 'num_rollout'"),
+    # a section's key given without its section: spelt right, placed wrong
+    ("lr=1e-5", "unknown config key 'lr' (did you mean 'optim.lr'?)"),
+    ("budget=64", "unknown config key 'budget' (did you mean 'compress.budget'?)"),
     ("optim.lr=true", "'optim.lr' expects float, got True"),
     ("optim.lr=fast", "'optim.lr' expects float, got 'fast'"),
     ("optim.lr=.inf", "'optim.lr' expects float, got inf"),

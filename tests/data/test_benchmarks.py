@@ -14,6 +14,7 @@ from minisparse.data.benchmarks import (
     parse_benchmark_names,
 )
 from minisparse.data.reward import last_boxed
+from minisparse.data.synthetic import Difficulty
 
 # One made-up row per benchmark, in the layout of its real test.jsonl.
 ROWS = {
@@ -182,3 +183,12 @@ def test_arithmetic_at_a_difficulty_stays_held_out(tmp_path):
     assert not training & {user_prompt(p.question) for p in problems}
     with pytest.raises(BenchmarkError, match="benchmark 'arithmetic': no heldout problem"):
         load_benchmark("arithmetic", tmp_path, 5, Difficulty(1, ("+",), 1))  # "1 + 1": train
+
+
+def test_arithmetic_holds_distinct_problems_however_few_the_difficulty_has(tmp_path):
+    """9 + 9 sums have 11 held-out problems: a limit of 50 gives those 11, once each, so
+    the problem count eval reports is the number of different problems scored."""
+    level = Difficulty(9, ("+",), 1)
+    problems = load_benchmarks(["arithmetic"], tmp_path, limit=50, level=level)["arithmetic"]
+    questions = [p.question for p in problems]
+    assert len(questions) == len(set(questions)) == 11

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import REPO, _cmd, _env, _rows, _train
+from test_train import BASE, REPO, _cmd, _env, _rows, _train
 
 from minisparse.config.load import load_config
 from minisparse.trainer.checkpoint import (MARKER, CheckpointError, check_pickles, damage,
@@ -141,7 +141,10 @@ DAMAGE = {  # what is done to the newest checkpoint -> the reason its line gives
 
 
 def _cfg(out: Path, *keys: str):
-    return load_config("tiny_rkv", [f"output_dir={out}", *keys])
+    """The trained run's config (test_train's BASE: its settings are checked on resume),
+    `keys` on top."""
+    sets = [a for a in BASE[2:] if a != "--set"]
+    return load_config("tiny_rkv", [*sets, f"output_dir={out}", *keys])
 
 
 @pytest.mark.parametrize("case", DAMAGE)

@@ -5,10 +5,12 @@ import pytest
 
 from minisparse.compression import rule_class
 from minisparse.config.load import load_config, shipped_configs
-from minisparse.config.schema import rule_names
+from minisparse.config.schema import ConfigError, rule_names
 from minisparse.trainer.checkpoint import MARKER
+from minisparse.trainer.run_config import record_config
 from minisparse.trainer.report import (cache_line, config_menu, end_report,
-                                    finished_message, no_config_message, start_report)
+                                    finished_message, no_config_message, start_report,
+                                    continue_command, interrupted_report)
 
 
 def _checkpoint(out, rollout):
@@ -34,6 +36,11 @@ def test_start_names_config_model_device_rollouts_cache_and_outputs():
                         "the longest prompt (30 tokens) is compressed once read")
     assert lines[5] == ("outputs: outputs/tiny_rkv (metrics.jsonl, tensorboard/, a checkpoint "
                         "every rollout and at the end)")
+    # the per-rollout line's columns, in plain words, once
+    assert lines[6].startswith("each rollout's line: reward = mean reward, acc = share "
+                               "answered right, len = mean answer tokens")
+    assert "keep = share of tokens kept by rejection sampling" in lines[7]
+    assert lines[7].endswith("; time = seconds per phase") and len(lines) == 8
 
 
 def test_start_of_a_real_model_dense_run():
@@ -63,8 +70,9 @@ def test_end_names_outputs_newest_model_and_plot_command(tmp_path):
     text = end_report(cfg, 0.5)
     assert text.splitlines()[0] == f"finished 3 rollouts in 0.5 min; outputs in {out}/:"
     assert f"tensorboard --logdir {out / 'tensorboard'}" in text
-    assert f"eval.py --model {newest / 'hf'}" in text
-    assert text.splitlines()[-1].startswith(f"plot: python -m minisparse.plot {out}")
+    assert f"  {(newest / 'hf').relative_to(out)}/  the trained model" in text
+    assert text.splitlines()[-2].startswith(f"plot: python -m minisparse.plot {out}")
+    assert text.splitlines()[-1].startswith(f"score it: python eval.py --run {out}  (")
 
 
 def test_finished_run_says_so_and_how_to_go_on(tmp_path):
@@ -83,6 +91,32 @@ def test_finished_run_says_so_and_how_to_go_on(tmp_path):
     assert finished_message(fresh) is None  # starts again, as asked
 
 
+def test_a_finished_run_with_other_settings_is_refused(tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config("tiny_rkv", [f"output_dir={out}"])
+    _checkpoint(out, 3)
+    assert "already holds a finished run" in finished_message(cfg)  # nothing recorded: as before
+    record_config(cfg)
+    assert "already holds a finished run" in finished_message(cfg)  # the same settings
+    for sets, change, folder in [
+        (["compress.algorithm=knorm"], "compress.algorithm rkv -> knorm", "run_knorm"),
+        (["dynamic_sampling=true"], "dynamic_sampling false -> true", "run_dynamic_sampling"),
+        (["loss.advantage=gspo", "seed=1", "compress.budget=32", "optim.lr=0.5"],
+         "seed 42 -> 1, compress.budget 16 -> 32, optim.lr 0.0001 -> 0.5 and 1 more",
+         "run_seed1"),
+    ]:
+        other = load_config("tiny_rkv", [f"output_dir={out}", *sets])
+        with pytest.raises(ConfigError) as info:
+            finished_message(other)
+        assert str(info.value) == (
+            f"{out} holds a run trained with other settings ({change}); to train this one, "
+            f"give it its own folder: --set output_dir={out.parent / folder}")
+    # what may change on resume (RESUMABLE_KEYS) does not count
+    same = load_config("tiny_rkv", [f"output_dir={out}", "engine.max_num_seqs=8",
+                                    "save_interval=0", "eval.limit=3", "log.tensorboard=false"])
+    assert "already holds a finished run" in finished_message(same)
+
+
 def test_no_config_lists_every_shipped_config():
     text = no_config_message()
     assert "no --config given" in text and "tiny_rkv" in text and "smollm2_cpu" in text
@@ -96,3 +130,22 @@ def test_cache_line_names_every_shipped_rule_by_its_own_name(algorithm):
     cfg = load_config("tiny_rkv", [f"compress.algorithm={algorithm}"])
     assert cache_line(cfg, 30).startswith(
         f"rollout KV cache: {rule_class(algorithm).name}, 16 tokens kept, compressed every 8")
+
+
+def test_a_stop_names_what_is_saved_and_the_command_that_continues(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr("sys.argv", ["train.py", "--config", "tiny_rkv", "--set",
+                                     f"output_dir={tmp_path}"])
+    cfg = load_config("tiny_rkv", [f"output_dir={tmp_path}"])
+    command = f"python train.py --config tiny_rkv --set output_dir={tmp_path}"
+    assert continue_command(cfg) == command
+    assert interrupted_report(cfg, "Ctrl-C", None) == (
+        f"stopped by Ctrl-C during set-up; nothing saved yet; to start again: {command}")
+    newest = _checkpoint(tmp_path, 4)
+    assert interrupted_report(cfg, "Ctrl-C", 5) == (
+        f"stopped by Ctrl-C in rollout 5; saved: {newest} (rollout 4); to continue from it: "
+        f"{command}")
+    never = load_config("tiny_rkv", ["resume=never"])  # would start over: resume=auto added
+    assert continue_command(never).endswith(" --set resume=auto")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # a torchrun worker
+    assert continue_command(cfg).startswith("torchrun --nproc_per_node 4 train.py --config")

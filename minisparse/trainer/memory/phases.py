@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
 
-from minisparse.trainer.distributed import Max
+from minisparse.heartbeat import heartbeat
+from minisparse.trainer.distributed import Max, rank
 
 GIB = 1024**3
 
@@ -64,19 +65,31 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds fn took on the device (synchronised around it on a GPU, where work runs
+    after the host has moved on)."""
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
 @contextmanager
 def phase(name: str, metrics: dict[str, float], device: torch.device) -> Iterator[None]:
     """Record time/{name}_s and, on GPU, mem/{name}_peak_gib (max allocated in the phase),
     mem/{name}_reserved_gib, mem/{name}_end_gib (allocated when it ends: after a swap,
     what the next phase starts with) and mem/{name}_alloc_retries (times the caching
     allocator had to free its cache and try again: a phase at the GPU's limit, each retry
-    a device sync) into metrics; on CPU the process's peak RSS so far."""
+    a device sync) into metrics; on CPU the process's peak RSS so far. Rank 0 prints a
+    heartbeat line while a phase runs long without any other line (output to a file)."""
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         retries = _alloc_retries(device)
     start = time.perf_counter()
-    yield
+    with heartbeat(name, enabled=rank() == 0):
+        yield
     _sync(device)
     metrics[f"time/{name}_s"] = time.perf_counter() - start
     if device.type == "cuda":
