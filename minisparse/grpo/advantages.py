@@ -19,8 +19,7 @@ from __future__ import annotations
 import torch
 
 from minisparse.config.schema import LossConfig
-from minisparse.trainer.distributed import all_reduce
-from minisparse.trainer.distributed import Sum
+from minisparse.trainer.distributed import Sum, all_reduce
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

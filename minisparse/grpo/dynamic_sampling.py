@@ -18,8 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from minisparse.trainer.distributed import all_reduce
-from minisparse.trainer.distributed import Max, Sum
+from minisparse.trainer.distributed import Max, Sum, all_reduce
 from minisparse.grpo.rollout import RolloutBatch, take_samples
 
 

@@ -12,29 +12,19 @@ from typing import Any
 
 import torch
 
-from minisparse.trainer.distributed import all_reduce, world_size
-from minisparse.trainer.distributed import Max, Sum
+from minisparse.trainer.distributed import Max, Sum, all_reduce, world_size
+
+# (column, metric, what it means in plain words: the legend printed once at start)
 SUMMARY = (
-    ("reward", "rollout/reward_mean"),
-    ("acc", "rollout/accuracy"),
-    ("len", "rollout/response_len_mean"),
-    ("pg", "train/pg_loss"),
-    ("kl", "train/kl"),
-    ("gnorm", "train/grad_norm"),
-    ("keep", "rs/kept_token_frac"),
-    ("tok/s", "perf/rollout_tokens_per_s"),
+    ("reward", "rollout/reward_mean", "mean reward"),
+    ("acc", "rollout/accuracy", "share answered right"),
+    ("len", "rollout/response_len_mean", "mean answer tokens"),
+    ("pg", "train/pg_loss", "policy-gradient loss"),
+    ("kl", "train/kl", "KL from the reference model"),
+    ("gnorm", "train/grad_norm", "gradient norm"),
+    ("keep", "rs/kept_token_frac", "share of tokens kept by rejection sampling"),
+    ("tok/s", "perf/rollout_tokens_per_s", "sampling speed"),
 )
-# what each SUMMARY column means, in plain words, for the line printed once at start
-MEANINGS = {
-    "reward": "mean reward",
-    "acc": "share answered right",
-    "len": "mean answer tokens",
-    "pg": "policy-gradient loss",
-    "kl": "KL from the reference model",
-    "gnorm": "gradient norm",
-    "keep": "share of tokens kept by rejection sampling",
-    "tok/s": "sampling speed",
-}
 
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -135,7 +125,7 @@ class MetricsLogger:
 
 def summary_legend() -> str:
     """The per-rollout line's columns explained once (two lines), so a newcomer can read it."""
-    words = [f"{label} = {MEANINGS[label]}" for label, _ in SUMMARY]
+    words = [f"{label} = {meaning}" for label, _, meaning in SUMMARY]
     half = len(words) // 2
     return (f"each rollout's line: {', '.join(words[:half])},\n"
             f"  {', '.join(words[half:])}; time = seconds per phase")
@@ -144,7 +134,7 @@ def summary_legend() -> str:
 def summary_line(rollout: int, metrics: dict[str, float], total: int | None = None) -> str:
     """'rollout 3/10 | reward 0.41 | acc 0.38 | ...' from whichever keys are present."""
     parts = [f"rollout {rollout}" + (f"/{total}" if total else "")]
-    for label, key in SUMMARY:
+    for label, key, _ in SUMMARY:
         if key in metrics:
             parts.append(f"{label} {metrics[key]:.4g}")
     phases = [k for k in metrics if k.startswith("time/")]

@@ -42,12 +42,11 @@ import torch
 
 from minisparse.config.schema import Config, ConfigError
 from minisparse.trainer.batching import pack_by_tokens, step_micro_batches
-from minisparse.trainer.distributed import all_reduce
+from minisparse.trainer.distributed import Max, all_reduce
 from minisparse.trainer.memory.estimate import (GIB, Setup, all_or_none, backward_peak, kv_pool,
                                              kv_tokens, logprob_peak, rollout_kv_need,
                                              rollout_peak, rollout_resident, setup_of,
                                              shape_of, step_peak, training_state, update_peak)
-from minisparse.trainer.distributed import Max
 from minisparse.trainer.train_engine import zero_stage_of
 
 HEADROOM = 0.08  # of the GPU's memory, kept free
