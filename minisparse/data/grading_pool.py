@@ -165,7 +165,7 @@ class GradingPool:
         if not worker.ready:
             raise RuntimeError(f"a grading process exited while starting (code "
                                f"{worker.proc.wait()}); run `python -m "
-                               f"minisparse.data.grading_pool` to see why")
+                               f"minisparse.data.grading_worker` to see why")
         if worker.item is not None:
             verdicts[worker.item] = False
         worker.restart()
