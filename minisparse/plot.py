@@ -32,6 +32,8 @@ PANELS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("accuracy", (("rollout/accuracy", "-"),)),
     ("response length (tokens)", (("rollout/response_len_mean", "-"),)),
     ("peak KV per sequence (tokens)", (("compress/peak_cache_tokens_mean", "-"),)),
+    ("tokens sampled from a compressed cache (share)",
+     (("compress/compressed_token_frac", "-"),)),
     ("mismatch KL(sampler || dense), per token", (("mismatch/kl_k1", "-"),)),
     ("TIS truncated (-) / RS rejected (--) token fraction",
      (("tis/truncated_frac", "-"), ("rs/rejected_token_frac", "--"))),

@@ -90,6 +90,7 @@ COST_COLUMNS: tuple[tuple[str, str, Callable | None, str, float], ...] = (
     ("rollout tokens/s", "perf/rollout_tokens_per_s", None, "{:.0f}", 1.0),
     ("peak KV / seq, mean", "compress/peak_cache_tokens_mean", None, "{:.0f}", 1.0),
     ("peak KV / seq, max", "compress/peak_cache_tokens_max", max, "{:.0f}", 1.0),
+    ("compressed-token share", "compress/compressed_token_frac", None, "{:.2f}", 1.0),
     ("mismatch KL (k1)", "mismatch/kl_k1", None, "{:.4f}", 1.0),
 )
 
@@ -122,8 +123,41 @@ def cost_table(groups: dict[str, list[list[dict]]]) -> str:
     return "\n".join(lines)
 
 
+WINDOW_METRICS: tuple[tuple[str, str, str, float], ...] = (
+    # (name, metric, format, scale): whether compression acts, and what the run learns
+    ("compressed-token share", "compress/compressed_token_frac", "{:.2f}", 1.0),
+    ("mismatch KL (k1)", "mismatch/kl_k1", "{:.3f}", 1.0),
+    ("training accuracy %", "rollout/accuracy", "{:.1f}", 100.0),
+    ("response tokens", "rollout/response_len_mean", "{:.0f}", 1.0),
+)
+
+
+def window_table(groups: dict[str, list[list[dict]]], width: int = 10) -> str:
+    """Markdown: per variant and WINDOW_METRICS metric, its mean over each `width`-rollout
+    window every run completed (each run's window mean, then mean ± std over seeds): a
+    run tests the corrections only while compression acts in every window, not just at
+    the start."""
+    upto = common_rollouts(groups)
+    windows = [(lo, min(lo + width - 1, upto)) for lo in range(1, upto + 1, width)]
+    if not windows:
+        return "no rollout every run has logged"
+    lines = ["| variant | metric | " + " | ".join(f"{a}-{b}" for a, b in windows) + " |",
+             "|---|---|" + "---|" * len(windows)]
+    for name, runs in groups.items():
+        for label, key, fmt, scale in WINDOW_METRICS:
+            cells = []
+            for lo, hi in windows:
+                means = [run_mean([r for r in rows if r["rollout"] >= lo], key, hi)
+                         for rows in runs]
+                cells.append(cell([v for v in means if v is not None], fmt, scale))
+            lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def results_tables(groups: dict[str, list[list[dict]]]) -> str:
-    """Both tables, headed, ready for docs/results.md."""
+    """The three tables, headed, ready for docs/results.md."""
     return ("held-out accuracy, % (mean ± std over seeds)\n\n" + heldout_table(groups)
             + "\n\ncost per variant (each run's mean; mean ± std over seeds)\n\n"
-            + cost_table(groups) + "\n")
+            + cost_table(groups)
+            + "\n\nper 10-rollout window (each run's mean; mean ± std over seeds)\n\n"
+            + window_table(groups) + "\n")

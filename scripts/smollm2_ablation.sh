@@ -15,17 +15,20 @@
 # each run's progress and the results tables (python -m minisparse.plot --group --table).
 #
 # Variants: dense (smollm2_dense); rkv_naive (smollm2_rkv, every correction off); rkv
-# (smollm2_rkv: R-KV + Sparse-RL); snapkv (smollm2_snapkv: SnapKV + Sparse-RL);
-# rkv_keep_prompt (rkv with compress.keep_prompt: the prompt is never evicted).
+# (smollm2_rkv: R-KV + Sparse-RL: token TIS, token rejection, veto, normalised); rkv_geo
+# (R-KV, token TIS + geometric rejection: a sequence leaves whole when the geometric mean
+# of its ratios leaves [GEO_LOWER, GEO_UPPER], no veto: the sequence-masked form verl and
+# TRL default to); snapkv (smollm2_snapkv: SnapKV + Sparse-RL); rkv_keep_prompt (rkv with
+# compress.keep_prompt: the prompt is never evicted).
 #
-#   bash scripts/smollm2_ablation.sh                          # 3 seeds x 4 variants
+#   bash scripts/smollm2_ablation.sh                          # 3 seeds x 5 variants
 #   bash scripts/smollm2_ablation.sh --seeds "1 2 3" --variants "dense rkv" --rollouts 60
 #   VARIANTS="dense rkv_naive rkv snapkv rkv_keep_prompt" bash scripts/smollm2_ablation.sh
 #   bash scripts/smollm2_ablation.sh --dry-run                # the train.py commands only
 #
 # Options (or the environment variable in capitals; default in brackets):
 #   --seeds LIST       SEEDS       seeds, space- or comma-separated ["1 2 3"]
-#   --variants LIST    VARIANTS    ["dense rkv_naive rkv snapkv"]
+#   --variants LIST    VARIANTS    ["dense rkv_naive rkv rkv_geo snapkv"]
 #   --rollouts N       ROLLOUTS    rollouts of every run [50]
 #   --eval-every N     EVAL_EVERY  held-out evaluation every N rollouts [10]
 #   --train-s S        TRAIN_S     seconds each run trains in this command [450]
@@ -37,12 +40,15 @@
 #   --port N           PORT        first MASTER_PORT; run i takes PORT + i [29600]
 #   --dry-run                      print each run's command and exit
 #   EXTRA="--set k=v ..."          added to every run's train.py command
+#   GEO_LOWER, GEO_UPPER           rkv_geo's bounds on the geometric-mean ratio [0.9, 1.1]
 #   BASE=DIR                       the model [checkpoints/smollm2-135m-instruct]
 case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-1 2 3}
-VARIANTS=${VARIANTS:-dense rkv_naive rkv snapkv}
+VARIANTS=${VARIANTS:-dense rkv_naive rkv rkv_geo snapkv}
+GEO_LOWER=${GEO_LOWER:-0.9}
+GEO_UPPER=${GEO_UPPER:-1.1}
 ROLLOUTS=${ROLLOUTS:-50}
 EVAL_EVERY=${EVAL_EVERY:-10}
 TRAIN_S=${TRAIN_S:-450}
@@ -84,6 +90,9 @@ variant_args() {  # the config and overrides of one variant
         dense) echo "--config smollm2_dense" ;;
         rkv_naive) echo "--config smollm2_rkv $NAIVE" ;;
         rkv) echo "--config smollm2_rkv" ;;
+        rkv_geo) echo "--config smollm2_rkv --set loss.rs_level=geometric" \
+                      "--set loss.rs_lower=$GEO_LOWER --set loss.rs_upper=$GEO_UPPER" \
+                      "--set loss.rs_veto_threshold=0" ;;
         snapkv) echo "--config smollm2_snapkv" ;;
         rkv_keep_prompt) echo "--config smollm2_rkv --set compress.keep_prompt=true" ;;
         *) return 1 ;;
@@ -91,8 +100,8 @@ variant_args() {  # the config and overrides of one variant
 }
 for v in $VARIANTS; do
     variant_args "$v" > /dev/null || {
-        echo "smollm2_ablation.sh: unknown variant '$v' (dense rkv_naive rkv snapkv" \
-             "rkv_keep_prompt)" >&2; exit 2; }
+        echo "smollm2_ablation.sh: unknown variant '$v' (dense rkv_naive rkv rkv_geo" \
+             "snapkv rkv_keep_prompt)" >&2; exit 2; }
 done
 [ -d "$BASE" ] || [ $DRY = 1 ] || {
     echo "smollm2_ablation.sh: no model at $BASE (python -m minisparse.download --model" \

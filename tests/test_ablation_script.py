@@ -96,3 +96,36 @@ def test_runs_score_themselves_and_a_second_command_skips_the_finished(tmp_path,
                            text=True, timeout=600, env=env)
     assert "dense_seed1: finished (2 rollouts)" in again.stdout
     assert "exit" not in again.stdout
+
+
+DESIGNS = REPO / "scripts" / "smollm2_designs.sh"
+
+
+def test_designs_run_at_once_and_report_each_window(tmp_path, tiny_path):
+    """Two tiny designs (dense, and the naive R-KV run at a budget below the prompt) side
+    by side: the window table says what share of tokens each sampled from a compressed
+    cache: 11 of every 12 of the compressed design's (its prompt is over budget, so the
+    cache is compressed right after prefill; only the first token, sampled at prefill,
+    saw the whole prompt)."""
+    small = ["model.dtype=float32", "max_response_len=12", "eval.max_new_tokens=12",
+             "eval.limit=2", "rollout_batch_size=2", "n_samples_per_prompt=2",
+             "global_batch_size=4", "num_steps_per_rollout=1", "data.synthetic_size=16",
+             "eval.prompt_template=boxed", "data.apply_chat_template=false",
+             "engine.kv_cpu_memory_gb=0.1", "log.tensorboard=false"]
+    designs = tmp_path / "designs.txt"
+    designs.write_text("dense dense\n"
+                       "b8 rkv_naive --set compress.budget=8 --set compress.window=4 "
+                       "--set compress.divide_length=4\n")
+    env = {"BASE": str(tiny_path), "EXTRA": " ".join(f"--set {s}" for s in small),
+           "DESIGNS_FILE": str(designs), "ROLLOUTS": "2", "ROOT": str(tmp_path / "d"),
+           "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)),
+           "MINISPARSE_CACHE": os.environ["MINISPARSE_CACHE"]}
+    res = subprocess.run(["bash", str(DESIGNS)], cwd=REPO, capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    table = res.stdout.split("per 10-rollout window")[1]
+    assert "| dense | compressed-token share | 0.00 |" in table
+    assert "| b8 | response tokens | 12 |" in table
+    assert "| b8 | compressed-token share | 0.92 |" in table
+    assert "| b8 | mismatch KL (k1) |" in table
+    assert (tmp_path / "d" / "designs.md").read_text() in res.stdout

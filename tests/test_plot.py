@@ -202,10 +202,11 @@ def test_table_prints_mean_and_std_over_seeds(tmp_path, capsys):
     dense = next(line for line in cost if line.startswith("| dense |"))
     rkv = next(line for line in cost if line.startswith("| rkv |"))
     # columns: training accuracy, response tokens (not logged), s / rollout, tokens/s,
-    # KV mean, KV max, mismatch, KV / dense, GPU memory (the larger phase peak: 3 + 2)
-    assert dense == ("| dense | 3 | 25.0 ± 10.0 | - | 15.0 ± 0.0 | - | 200 ± 0 | - | - | "
+    # KV mean, KV max, compressed-token share, mismatch, KV / dense, GPU memory (the
+    # larger phase peak: 3 + 2)
+    assert dense == ("| dense | 3 | 25.0 ± 10.0 | - | 15.0 ± 0.0 | - | 200 ± 0 | - | - | - | "
                      "1.00 ± 0.00 | 5.00 ± 0.00 |")
-    assert rkv == ("| rkv | 2 | 15.0 ± 14.1 | - | 15.0 ± 0.0 | - | 100 ± 14 | - | - | "
+    assert rkv == ("| rkv | 2 | 15.0 ± 14.1 | - | 15.0 ± 0.0 | - | 100 ± 14 | - | - | - | "
                    "0.50 ± 0.07 | 5.00 ± 0.00 |")
     assert not list(tmp_path.glob("*/curves.png"))  # --table alone draws nothing
 
@@ -215,3 +216,25 @@ def test_same_names_need_names(tmp_path, capsys):
     write_run(tmp_path / "b" / "run", [{"rollout": 1}])
     assert plot.main([str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")]) == 2
     assert "same name" in capsys.readouterr().err
+
+
+def test_window_table_says_whether_compression_acts_in_every_window(tmp_path, capsys):
+    """Per 10-rollout window over the rollouts every run has done (25 here: windows 1-10,
+    11-20, 21-25): each run's window mean, then mean ± std over seeds."""
+    for seed, base in ((1, 0.8), (2, 0.6)):
+        rows = [{"rollout": r, "rollout/accuracy": 0.5,
+                 "compress/compressed_token_frac": base if r <= 10 else base / 2,
+                 "mismatch/kl_k1": 0.01 * (1 + (r > 20))} for r in range(1, 26)]
+        write_run(tmp_path / f"rkv_seed{seed}", rows)
+    write_run(tmp_path / "dense_seed1", [{"rollout": r, "rollout/accuracy": 0.25,
+                                          "compress/compressed_token_frac": 0.0}
+                                         for r in range(1, 31)])
+    runs = [str(tmp_path / n) for n in ("dense_seed1", "rkv_seed1", "rkv_seed2")]
+    assert plot.main(runs + ["--group", "--table"]) == 0
+    out = capsys.readouterr().out.split("per 10-rollout window")[1]
+    assert "| variant | metric | 1-10 | 11-20 | 21-25 |" in out
+    assert "| rkv | compressed-token share | 0.70 ± 0.14 | 0.35 ± 0.07 | 0.35 ± 0.07 |" in out
+    assert "| rkv | mismatch KL (k1) | 0.010 ± 0.000 | 0.010 ± 0.000 | 0.020 ± 0.000 |" in out
+    assert "| dense | compressed-token share | 0.00 | 0.00 | 0.00 |" in out
+    assert "| dense | training accuracy % | 25.0 | 25.0 | 25.0 |" in out
+    assert "| dense | mismatch KL (k1) | - | - | - |" in out

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from minisparse.config.schema import Config, ConfigError, Operator, Rule, choices
+from minisparse.config.schema import (LORA_TARGETS, Config, ConfigError, Operator, Rule,
+                                       choices)
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -289,9 +290,22 @@ def _check_operators(operators: list[str]) -> None:
                           f"{', '.join(allowed)}; got {operators!r}")
 
 
+def _check_lora(cfg: Config) -> None:
+    lora = cfg.model.lora
+    unknown = [m for m in lora.target_modules if m not in LORA_TARGETS]
+    if not lora.target_modules or unknown:
+        raise ConfigError(f"config key 'model.lora.target_modules' must be a non-empty list of "
+                          f"{', '.join(LORA_TARGETS)}; got {lora.target_modules!r}")
+    if lora.enabled and cfg.zero_stage == 3:
+        raise ConfigError("config key 'model.lora.enabled' is true but 'zero_stage' is 3: "
+                          "LoRA trains with the base weights whole on each GPU; set "
+                          "zero_stage=auto (1 or 2: only the adapters' state is sharded)")
+
+
 def _check_relations(cfg: Config) -> None:
     c, loss = cfg.compress, cfg.loss
     _check_operators(cfg.data.synthetic_operators)
+    _check_lora(cfg)
     if cfg.engine.backend == "sglang" and c.algorithm != "none":
         raise ConfigError(
             f"config key 'engine.backend' is sglang but 'compress.algorithm' is "
@@ -326,6 +340,8 @@ def validate_config(cfg: Config) -> None:
     """Enums, ranges and cross-key rules; cheap, so train.py fails before loading a model."""
     for key, allowed in choice_keys().items():
         value = config_value(cfg, key)
+        if value is None and _split_optional(_leaf_hint(key))[1]:
+            continue  # an optional choice left unset (e.g. loss.rs_level: as tis_level)
         if value not in allowed:
             raise ConfigError(
                 f"config key '{key}' must be one of {', '.join(map(str, allowed))}; "
@@ -345,6 +361,15 @@ def check_training_config(cfg: Config) -> None:
             "worse one, and greedy outputs are not samples of the policy the update assumes; "
             "training needs temperature > 0 (1.0 samples the policy as it is; "
             "eval.temperature may be 0)"
+        )
+    truncating = cfg.top_p < 1.0 or cfg.top_k > 0
+    if truncating and cfg.engine.backend == "sglang":
+        raise ConfigError(
+            f"top_p={cfg.top_p} / top_k={cfg.top_k} with engine.backend=sglang: SGLang "
+            f"returns log-probs of the untruncated distribution, not of the one it sampled "
+            f"from, so the importance weights and mismatch metrics would be wrong; train "
+            f"with engine.backend=native (its log-probs are renormalised over the kept "
+            f"tokens) or top_p=1.0 and top_k=-1"
         )
 
 

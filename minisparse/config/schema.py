@@ -52,6 +52,10 @@ Operator = Literal["+", "-", "*"]
 Switch = Literal["auto", "on", "off"]
 # A switch the memory plan (trainer/memory/plan.py) sets when auto; YAML's true/false work too.
 AutoBool = Literal["auto", "true", "false"]
+# Where AdamW's state and step live (optimizer_offload): true: its state waits on the CPU
+# during the update's forward/backward, its step on the GPU; cpu_adam: state and step on
+# the CPU (DeepSpeed ZeRO-Offload's CPU Adam, ZeRO 2); auto: the memory plan's choice.
+OptimizerOffload = Literal["auto", "true", "false", "cpu_adam"]
 # DeepSpeed's ZeRO stage; auto: the memory plan's choice between 1 and 2.
 ZeroStage = Literal["auto", 0, 1, 2, 3]
 
@@ -94,6 +98,23 @@ Algorithm = Annotated[str, Rule(f"none, a shipped rule ({', '.join(rule_names())
                                 f"module.path:ClassName", is_algorithm)]
 
 
+# The decoder's linear layers (Qwen2 / Llama names) model.lora.target_modules may name.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraConfig:
+    # LoRA adapters through PEFT (models/lora.py): only the adapters train (the optimizer
+    # state is theirs alone), the reference policy is the frozen base (no copy), rollouts
+    # sample with the merged weights; checkpoints hold the merged model (hf/) and the
+    # adapters in PEFT's format (adapter/).
+    enabled: bool = False
+    rank: Count = 16
+    alpha: Annotated[float, Rule("> 0", lambda v: v > 0)] = 32.0  # scale = alpha / rank
+    dropout: Annotated[float, Rule("in [0, 1)", lambda v: 0 <= v < 1)] = 0.0
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+
+
 @dataclass
 class ModelConfig:
     # "tiny" builds (and caches) a tiny random Qwen2 model + tokenizer locally; otherwise a
@@ -116,6 +137,7 @@ class ModelConfig:
     # Liger Kernel's fused RMSNorm, SwiGLU and RoPE for the training passes: auto uses them
     # where liger-kernel is installed and the policy is on a GPU; on fails without them.
     liger_kernel: Switch = "auto"
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -236,10 +258,18 @@ class LossConfig:
     tis_upper: NonNegative = 1.5
     tis_lower: NonNegative = 0.5
     use_rs: bool = True
+    # Rejection's level: a token leaves when its own ratio is out of bounds (token), or a
+    # whole sequence when its product of ratios (sequence) or their geometric mean
+    # (geometric, the sequence-masked form verl and TRL default to) is. None: tis_level.
+    rs_level: TisLevel | None = None
     rs_lower: NonNegative | None = None  # None -> tis_lower
     rs_upper: NonNegative | None = None  # None -> tis_upper
     rs_veto_threshold: NonNegative = 1e-4
     normalize_weights: bool = True  # divide weights by their batch mean over valid tokens
+
+    def rejection_level(self) -> str:
+        """The level rejection compares its bounds at: rs_level, or tis_level."""
+        return self.tis_level if self.rs_level is None else self.rs_level
 
     def rs_bounds(self) -> tuple[float, float]:
         """Rejection sampling's [lower, upper]: rs_lower/rs_upper, or the TIS bounds."""
@@ -300,10 +330,12 @@ class Config:
     # training state kept through rollouts as under 2, the same log-prob micro-batches);
     # else ZeRO 2, whose gradient partition holds 1/N of the gradients. No plan: ZeRO 2.
     zero_stage: ZeroStage = "auto"
-    # AdamW moments and fp32 master weights wait on the CPU during the update's forward and
-    # backward passes, back for each optimizer step; auto: only where the memory plan
-    # finds nothing else fits.
-    optimizer_offload: AutoBool = "auto"
+    # true: AdamW moments and fp32 master weights wait on the CPU during the update's forward
+    # and backward passes, back for each optimizer step; cpu_adam: they stay on the CPU and
+    # the step runs there (DeepSpeed's CPU Adam, ZeRO 2; JIT-built with g++ and ninja),
+    # the GPU keeps the bf16 weights and gradient buckets; auto: the memory plan's choice,
+    # true or cpu_adam only where nothing else fits.
+    optimizer_offload: OptimizerOffload = "auto"
     # GiB of GPU memory the memory plan may count on; 0: what is free on the GPU at start.
     # Without a GPU, a value > 0 plans (and checks) for a GPU of that size.
     gpu_memory_gb: NonNegative = 0.0

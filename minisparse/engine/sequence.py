@@ -24,6 +24,7 @@ class SampleOutput:
     num_compressions: int = 0
     evicted_tokens: int = 0
     peak_cache_tokens: int = 0
+    compressed_tokens: int = 0  # tokens sampled from a cache that had lost evicted tokens
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Sequence:
     num_compressions: int = 0
     evicted_tokens: int = 0
     peak_cache: int = 0
+    compressed_tokens: int = 0
     finish_reason: str | None = None
 
     def __len__(self) -> int:
@@ -100,7 +102,11 @@ class Sequence:
         return "length" if self.at_length(1) else None
 
     def append(self, token: int, logprob: float, cache_len: int) -> None:
-        """The token sampled at a step where its cache held cache_len entries."""
+        """The token sampled at a step where its cache held cache_len entries: fewer than
+        the tokens so far means the step attended a compressed cache (after an eviction, and
+        not after a preemption's dense recompute)."""
+        if cache_len < len(self.token_ids):
+            self.compressed_tokens += 1
         self.token_ids.append(token)
         self.logprobs.append(logprob)
         self.peak_cache = max(self.peak_cache, cache_len)
@@ -127,4 +133,4 @@ class Sequence:
         return SampleOutput(self.prompt_index, self.sample_index, self.token_ids[: self.num_prompt],
                             self.token_ids[self.num_prompt:], list(self.logprobs),
                             self.finish_reason or "abort", self.num_compressions,
-                            self.evicted_tokens, self.peak_cache)
+                            self.evicted_tokens, self.peak_cache, self.compressed_tokens)

@@ -7,9 +7,10 @@ corrections, each switchable for ablations (cfg.loss.*):
 - importance weights (use_tis): exp(delta), delta = logp_old - logp_rollout, per token,
   per sequence (sum of delta) or geometric (mean of delta), bounded by truncation
   (min(w, upper)), clipping ([lower, upper]) or masking (0 outside [lower, upper]);
-- rejection (use_rs): tokens whose ratio at the same level lies outside
-  [rs_lower, rs_upper] leave the loss (at sequence/geometric level the whole sequence),
-  and a sequence holding any token with exp(delta) < rs_veto_threshold leaves it
+- rejection (use_rs): tokens whose ratio at rs_level (token, sequence or geometric; by
+  default tis_level) lies outside [rs_lower, rs_upper] leave the loss (at sequence or
+  geometric level the whole sequence: its product of ratios, or their geometric mean,
+  decides), and a sequence holding any token with exp(delta) < rs_veto_threshold leaves it
   entirely (the sparsity-aware veto: compression produced a token the dense policy
   would almost never emit); rs_veto_threshold <= 0 turns the veto off;
 - batch normalisation (normalize_weights): weights divided by their mean over the kept
@@ -95,6 +96,11 @@ def rejection(
     return keep, rejected, vetoed
 
 
+def _whole_rows(flags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[N] bool: rows with tokens, every one of them flagged."""
+    return mask.any(dim=1) & (flags | ~mask).all(dim=1)
+
+
 def batch_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of values over mask, summed over all ranks when torch.distributed is up."""
     stats = all_reduce(torch.stack([(values * mask).sum(), mask.sum()]).double())
@@ -127,7 +133,7 @@ def compute_corrections(
     if cfg.use_rs:
         lower, upper = cfg.rs_bounds()
         keep, rejected, vetoed = rejection(
-            delta, mask, cfg.tis_level, lower, upper, cfg.rs_veto_threshold
+            delta, mask, cfg.rejection_level(), lower, upper, cfg.rs_veto_threshold
         )
     else:
         keep, rejected = mask, torch.zeros_like(mask)
@@ -141,6 +147,8 @@ def compute_corrections(
             "tis/final_max": Max(weights.max().item() if weights.numel() else 0.0),
             "rs/rejected_token_frac": rejected.sum().item() / n_tokens.item(),
             "rs/kept_token_frac": keep.sum().item() / n_tokens.item(),
+            "rs/rejected_seq_frac": _whole_rows(rejected, mask).float().mean().item()
+            if mask.shape[0] else 0.0,
             "rs/vetoed_seqs": Sum(vetoed.sum().item()),
             "rs/vetoed_frac": vetoed.float().mean().item() if vetoed.numel() else 0.0,
         }

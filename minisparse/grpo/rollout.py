@@ -29,6 +29,7 @@ class RolloutBatch:
     num_compressions: list[int]
     evicted_tokens: list[int]
     peak_cache_tokens: list[int]
+    compressed_tokens: list[int] = field(default_factory=list)  # sampled from an evicted cache
     rewards: torch.Tensor | None = None  # [N]
     advantages: torch.Tensor | None = None  # [N]
     old_logp: torch.Tensor | None = None  # [N, T] dense policy before the update
@@ -76,6 +77,7 @@ def build_batch(outputs: list, rows: list[PromptRow]) -> RolloutBatch:
         num_compressions=[o.num_compressions for o in outputs],
         evicted_tokens=[o.evicted_tokens for o in outputs],
         peak_cache_tokens=[o.peak_cache_tokens for o in outputs],
+        compressed_tokens=[o.compressed_tokens for o in outputs],
         metadata=[sample_metadata(rows[o.prompt_index], o.sample_index) for o in outputs],
     )
 
@@ -131,6 +133,9 @@ def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dic
         "compress/evicted_tokens_per_sample": _mean(batch.evicted_tokens),
         "compress/peak_cache_tokens_mean": _mean(batch.peak_cache_tokens),
         "compress/peak_cache_tokens_max": Max(max(batch.peak_cache_tokens, default=0)),
+        # the share of response tokens sampled after their sequence's first eviction: with
+        # the mismatch KL, whether compression acts enough for the corrections to matter
+        "compress/compressed_token_frac": sum(batch.compressed_tokens) / max(sum(lengths), 1),
     }
     for key, value in (grade_stats or {}).items():
         if isinstance(value, (int, float)):

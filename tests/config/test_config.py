@@ -248,6 +248,19 @@ def test_greedy_training_is_refused_but_greedy_eval_loads():
     check_training_config(load_config("tiny_rkv", ["temperature=0.01", "eval.temperature=0"]))
 
 
+@pytest.mark.parametrize("truncation", [["top_p=0.9"], ["top_k=20"]])
+def test_truncated_sampling_trains_on_the_native_engine_only(truncation):
+    """The native sampler's log-probs are those of the truncated, renormalised law it drew
+    from (tests/engine/test_sampling.py); SGLang's are not, so training refuses that pair
+    and names both ways out."""
+    check_training_config(load_config("tiny_dense", truncation))
+    with pytest.raises(ConfigError, match="engine.backend=sglang: SGLang returns log-probs "
+                                          "of the untruncated distribution") as info:
+        check_training_config(load_config("tiny_dense", truncation + ["engine.backend=sglang"]))
+    assert "engine.backend=native" in str(info.value) and "top_p=1.0" in str(info.value)
+    check_training_config(load_config("tiny_dense", ["engine.backend=sglang"]))
+
+
 def test_budget_may_be_small_when_compression_off():
     assert load_config("tiny_dense", ["compress.budget=2"]).compress.budget == 2
 

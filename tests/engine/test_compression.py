@@ -78,6 +78,37 @@ def simulate(prompt_len: int, new_tokens: int, cfg: CompressConfig = CFG) -> tup
     return count, evicted
 
 
+def first_compression_step(prompt_len: int, new_tokens: int, cfg: CompressConfig = CFG) -> int:
+    """The decode step after which the trigger first fires (new_tokens - 1 when never)."""
+    cache, since = prompt_len, 0
+    prompt = prompt_len if cfg.keep_prompt else 0
+    for step in range(new_tokens - 1):
+        if step:
+            cache, since = cache + 1, since + 1
+        if bool(compress_due(torch.tensor([cache - prompt]), torch.tensor([since]),
+                             torch.tensor([False]), cfg)):
+            return step
+    return new_tokens - 1
+
+
+@pytest.mark.parametrize("keep_prompt", [False, True])
+def test_compressed_tokens_count_those_sampled_after_the_first_eviction(qwen2, keep_prompt):
+    """compress/compressed_token_frac's numerator: every token sampled after the step whose
+    compression first evicted something, none before; a dense engine counts none."""
+    cfg = dataclasses.replace(CFG, keep_prompt=keep_prompt)
+    engine = make_engine(qwen2, cfg, page_size=4)
+    ps = prompts(4, lo=5, hi=30, seed=4)
+    outs = engine.generate(ps, SamplingParams(temperature=0.9, max_new_tokens=40, seed=1,
+                                              ignore_eos=True))
+    for p, o in zip(ps, outs):
+        assert o.compressed_tokens == 40 - 1 - first_compression_step(len(p), 40, cfg)
+        assert 0 < o.compressed_tokens < 40
+    dense = make_engine(qwen2, None, page_size=4)
+    outs = dense.generate(ps, SamplingParams(temperature=0.9, max_new_tokens=40, seed=1,
+                                             ignore_eos=True))
+    assert all(o.compressed_tokens == 0 for o in outs)
+
+
 def test_keep_prompt_never_evicts_the_prompt(monkeypatch, qwen2):
     """keep_prompt with prompts longer than the budget: no compression at prefill, every
     layer and head still attends to the whole prompt after each compaction (attention

@@ -17,6 +17,7 @@ from engine_helpers import build, dense_logprobs, make_engine, prompts, track
 from minisparse.compression import max_cache_tokens
 from minisparse.config.schema import CompressConfig
 from minisparse.engine import SamplingParams
+from minisparse.engine.layers.sampler import truncate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 BF16 = torch.bfloat16
@@ -58,8 +59,13 @@ def vocab_prompts(model, n: int, lo: int, hi: int, seed: int = 0) -> list[list[i
     return [[4 + t % (vocab - 8) for t in p] for p in prompts(n, lo, hi, seed)]
 
 
-def check_against_forward(model, prompt, out, temperature: float = 1.0, greedy: bool = False):
+def check_against_forward(model, prompt, out, temperature: float = 1.0, greedy: bool = False,
+                          top_k: int = -1, top_p: float = 1.0):
+    """The engine's log-probs against one HF forward's, renormalised over the top-k / top-p
+    set when they truncate (the distribution the engine sampled from)."""
     rows = dense_logprobs(model, prompt, out.token_ids, temperature, full=True)
+    if 0 < top_k < rows.shape[-1] or top_p < 1.0:
+        rows = torch.log_softmax(truncate(rows.float(), top_k, top_p), -1)
     ids = torch.tensor(out.token_ids, device=rows.device)
     ref = rows.gather(-1, ids[:, None])[:, 0]
     err = (ref - torch.tensor(out.logprobs, device=rows.device)).abs()
@@ -78,7 +84,7 @@ def test_greedy_and_logprobs_match_transformers(gpu_model):
     assert engine.allocator.num_free == engine.pool.num_pages
 
 
-def test_sampling_reproduces_and_logprobs_are_untruncated(gpu_model):
+def test_sampling_reproduces_and_logprobs_are_those_of_the_truncated_law(gpu_model):
     engine = make_engine(gpu_model, kv_memory_gb=1.0)
     ps = vocab_prompts(gpu_model, 3, 5, 60)
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, n=2, max_new_tokens=32,
@@ -86,11 +92,15 @@ def test_sampling_reproduces_and_logprobs_are_untruncated(gpu_model):
     a, b = engine.generate(ps, params), engine.generate(ps, params)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     for o in a:
-        check_against_forward(gpu_model, ps[o.prompt_index], o, temperature=0.8)
+        check_against_forward(gpu_model, ps[o.prompt_index], o, temperature=0.8, top_k=50,
+                              top_p=0.9)
     top1 = engine.generate(ps, SamplingParams(temperature=0.8, top_k=1, max_new_tokens=16,
                                               seed=1, ignore_eos=True))
-    for p, o in zip(ps, top1):
-        check_against_forward(gpu_model, p, o, temperature=0.8, greedy=True)
+    for p, o in zip(ps, top1):  # the argmax, the one token kept: probability 1
+        rows = dense_logprobs(gpu_model, p, o.token_ids, 0.8, full=True)
+        ids = torch.tensor(o.token_ids, device=rows.device)
+        assert (rows.max(-1).values - rows.gather(-1, ids[:, None])[:, 0]).max() < ARGMAX_SLACK
+        assert max(abs(lp) for lp in o.logprobs) < 1e-5
 
 
 def test_preemption_completes_every_sample(gpu_model):

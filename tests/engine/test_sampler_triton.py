@@ -1,5 +1,6 @@
 """The fused Triton sampler against the PyTorch reference sampler (layers/sampler.py): the
-same tokens from the same counter-hash noise, the same untruncated log-probs, greedy with
+same tokens from the same counter-hash noise, the same log-probs (of the truncated,
+renormalised distribution when top-k / top-p truncate), greedy with
 lowest-id ties. The kernel runs under Triton's interpreter (tiny shapes, several vocab
 chunks per row so the merge is exercised); test_gpu_kernels.py runs it compiled on CUDA at
 the real vocabulary (a separate module: the interpreter switch is process-wide)."""
@@ -48,8 +49,10 @@ def _check(st, logits, seeds, steps, T, k, p, max_mismatch=0, **kw):
     if bool((kept == ref_kept).all()):
         assert torch.equal(ref_t, sample(logits.float(), T, k, p, seeds, steps)[0])
     assert int((tokens != ref_t).sum()) <= max_mismatch, (tokens, ref_t)
-    # the log-prob is of the token it returned, under the untruncated T-scaled softmax
-    want = torch.log_softmax(scaled, -1).gather(-1, tokens[:, None])[:, 0]
+    # the log-prob is of the token it returned, under the T-scaled softmax renormalised
+    # over the kernel's kept set (the whole row without truncation)
+    want = torch.log_softmax(scaled.masked_fill(~kept, -float("inf")), -1)
+    want = want.gather(-1, tokens[:, None])[:, 0]
     torch.testing.assert_close(lps, want, atol=2e-5, rtol=0)
     assert bool(kept.gather(-1, tokens[:, None]).all()), "a truncated token was sampled"
     return tokens

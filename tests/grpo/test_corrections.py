@@ -138,3 +138,46 @@ def test_everything_off_is_plain_grpo():
     )
     assert c.weights.tolist() == [[1.0, 1.0]]
     assert c.keep.tolist() == [[True, True]]
+
+
+# Three sequences of four response tokens (the last one padding in seq 2), ratios:
+#   seq 0: 3, 1/3, 1, 1   -> product 1,      geometric mean 1
+#   seq 1: 1.2 x 4        -> product 2.0736, geometric mean 1.2
+#   seq 2: 2, 2, 1 (+pad) -> product 4,      geometric mean 4^(1/3) = 1.587
+LEVEL_RATIOS = [[3.0, 1 / 3, 1.0, 1.0], [1.2, 1.2, 1.2, 1.2], [2.0, 2.0, 1.0, 1.0]]
+LEVEL_MASK = [[True] * 4, [True] * 4, [True, True, True, False]]
+
+
+@pytest.mark.parametrize("level, keep_rows, rejected_seq_frac", [
+    # token: each token against [0.5, 1.5] on its own
+    ("token", [[False, False, True, True], [True] * 4, [False, False, True, False]], 0.0),
+    # sequence: seq 1 (2.07) and seq 2 (4) leave whole, seq 0 (1) stays
+    ("sequence", [[True] * 4, [False] * 4, [False] * 4], 2 / 3),
+    # geometric: only seq 2 (1.587 > 1.5) leaves
+    ("geometric", [[True] * 4, [True] * 4, [False] * 4], 1 / 3),
+])
+def test_rejection_levels_on_hand_computed_ratios(level, keep_rows, rejected_seq_frac):
+    old = torch.tensor(LEVEL_RATIOS).log()
+    mask = torch.tensor(LEVEL_MASK)
+    # token TIS whatever the rejection level: weights stay per token, truncated at 1.5
+    c = compute_corrections(old, torch.zeros_like(old), mask,
+                            _cfg(use_rs=True, rs_level=level, rs_veto_threshold=0.0))
+    expected_keep = torch.tensor(keep_rows) & mask
+    assert c.keep.tolist() == expected_keep.tolist()
+    assert c.metrics["rs/rejected_seq_frac"] == pytest.approx(rejected_seq_frac)
+    assert c.metrics["rs/kept_token_frac"] == pytest.approx(expected_keep.sum().item() / 11)
+    token_weights = torch.tensor(LEVEL_RATIOS).clamp(max=1.5)
+    close(c.weights, torch.where(expected_keep, token_weights, 0.0).tolist())
+
+
+def test_rejection_level_defaults_to_the_importance_level():
+    old = torch.tensor(LEVEL_RATIOS).log()
+    mask = torch.tensor(LEVEL_MASK)
+    by_default = compute_corrections(old, torch.zeros_like(old), mask,
+                                     _cfg(use_rs=True, tis_level="geometric"))
+    named = compute_corrections(old, torch.zeros_like(old), mask,
+                                _cfg(use_rs=True, tis_level="geometric", rs_level="geometric"))
+    assert by_default.keep.tolist() == named.keep.tolist() == [[True] * 4, [True] * 4,
+                                                                 [False] * 4]
+    assert LossConfig(tis_level="sequence").rejection_level() == "sequence"
+    assert LossConfig(tis_level="sequence", rs_level="token").rejection_level() == "token"

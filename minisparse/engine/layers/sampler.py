@@ -11,8 +11,12 @@ torch.Generator loop, no host sync, CUDA-graph friendly).
 The [B, vocab] hash is int32 arithmetic (multiplication wraps modulo 2**32 on CPU and
 CUDA): the row hash (seed, step) xor a cached per-column hash, then one murmur3 fmix32.
 
-Log-probs are those of log_softmax(logits / T) in float32, taken BEFORE top-k/top-p
-truncation (computed as scaled[token] - logsumexp(scaled), not as a full log_softmax).
+Log-probs are those of the distribution the token was drawn from: log_softmax(logits / T)
+in float32, renormalised over the tokens top-k/top-p keep when truncation is on (computed
+as scaled[token] - logsumexp(scaled over the kept tokens), not as a full log_softmax). The
+trainer divides the dense policy's probability by this one (the Sparse-RL importance
+weights, the mismatch metrics), so it must be the sampler's own law: with truncation the
+untruncated log-prob would claim the sampler could have drawn tokens it never can.
 Temperature 0 is greedy; its log-prob is that of the argmax under the T=1 distribution.
 
 This is the reference and the CPU path; on CUDA the same draw runs as one Triton pass
@@ -140,6 +144,7 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
     else:
         if 0 < top_k < logits.shape[-1] or top_p < 1.0:
             p = (truncate(scaled, top_k, top_p) - m).exp_()  # truncated tokens get p = 0
+            lse = p.sum(-1).log()  # renormalised over the kept tokens
         e = uniform_noise(seeds, steps, logits.shape[-1]).log_().neg_()  # Exp(1) > 0
         tokens = p.div_(e).argmax(-1)
     logprobs = shifted.gather(-1, tokens[:, None]).squeeze(-1) - lse

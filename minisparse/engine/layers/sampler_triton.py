@@ -19,7 +19,9 @@ Temperature 0 is greedy with the T = 1 log-prob, as in the reference.
 
 Truncation (top-k / top-p) arrives as one raw-logit threshold per row, from a PyTorch
 sort/top-k pass that runs only when truncation is on: a token is kept iff its logit is at
-least the threshold (the reference's kept set, plus any tokens tied with its last one).
+least the threshold (the reference's kept set, plus any tokens tied with its last one);
+the sum of exp then runs over the kept tokens alone, so the log-prob is the truncated,
+renormalised distribution's, as in the reference.
 Everything is shape-static and sync-free, so it is captured inside the decode CUDA graph.
 """
 from __future__ import annotations
@@ -95,7 +97,10 @@ def _partial_kernel(LOGITS, COL_HASH, SEEDS, STEPS, THRESH, M_OUT, L_OUT, K_OUT,
         x_next = tl.load(row_ptr + ahead, mask=ahead < end, other=-float("inf"))
         s = x * inv_t
         m_new = tl.maximum(m, tl.max(s, 0))
-        l_vec = l_vec * tl.exp(m - m_new) + tl.exp(s - m_new)
+        e_s = tl.exp(s - m_new)
+        if HAS_THRESH:  # the log-sum-exp of the distribution sampled: kept tokens only
+            e_s = tl.where(x >= thresh, e_s, 0.0)
+        l_vec = l_vec * tl.exp(m - m_new) + e_s
         m = m_new
         if GREEDY:
             key = s
