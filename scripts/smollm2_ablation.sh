@@ -17,9 +17,10 @@
 # Variants: dense (smollm2_dense); rkv_naive (smollm2_rkv, every correction off); rkv
 # (smollm2_rkv: R-KV + Sparse-RL: token TIS, token rejection, veto, normalised); rkv_geo
 # (R-KV, token TIS + geometric rejection: a sequence leaves whole when the geometric mean
-# of its ratios leaves [GEO_LOWER, GEO_UPPER], no veto: the sequence-masked form verl and
+# of its ratios leaves the same [0.5, 1.5], no veto: the sequence-masked form verl and
 # TRL default to); snapkv (smollm2_snapkv: SnapKV + Sparse-RL); rkv_keep_prompt (rkv with
-# compress.keep_prompt: the prompt is never evicted).
+# compress.keep_prompt: the prompt is never evicted); lora (dense with LoRA adapters of
+# rank LORA_RANK on every linear layer, lr LORA_LR: model.lora, docs/training.md).
 #
 #   bash scripts/smollm2_ablation.sh                          # 3 seeds x 5 variants
 #   bash scripts/smollm2_ablation.sh --seeds "1 2 3" --variants "dense rkv" --rollouts 60
@@ -40,15 +41,15 @@
 #   --port N           PORT        first MASTER_PORT; run i takes PORT + i [29600]
 #   --dry-run                      print each run's command and exit
 #   EXTRA="--set k=v ..."          added to every run's train.py command
-#   GEO_LOWER, GEO_UPPER           rkv_geo's bounds on the geometric-mean ratio [0.9, 1.1]
+#   LORA_RANK, LORA_LR             lora's adapter rank and learning rate [16, 1e-4]
 #   BASE=DIR                       the model [checkpoints/smollm2-135m-instruct]
 case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-1 2 3}
 VARIANTS=${VARIANTS:-dense rkv_naive rkv rkv_geo snapkv}
-GEO_LOWER=${GEO_LOWER:-0.9}
-GEO_UPPER=${GEO_UPPER:-1.1}
+LORA_RANK=${LORA_RANK:-16}
+LORA_LR=${LORA_LR:-1e-4}
 ROLLOUTS=${ROLLOUTS:-50}
 EVAL_EVERY=${EVAL_EVERY:-10}
 TRAIN_S=${TRAIN_S:-450}
@@ -91,17 +92,18 @@ variant_args() {  # the config and overrides of one variant
         rkv_naive) echo "--config smollm2_rkv $NAIVE" ;;
         rkv) echo "--config smollm2_rkv" ;;
         rkv_geo) echo "--config smollm2_rkv --set loss.rs_level=geometric" \
-                      "--set loss.rs_lower=$GEO_LOWER --set loss.rs_upper=$GEO_UPPER" \
                       "--set loss.rs_veto_threshold=0" ;;
         snapkv) echo "--config smollm2_snapkv" ;;
         rkv_keep_prompt) echo "--config smollm2_rkv --set compress.keep_prompt=true" ;;
+        lora) echo "--config smollm2_dense --set model.lora.enabled=true" \
+                   "--set model.lora.rank=$LORA_RANK --set optim.lr=$LORA_LR" ;;
         *) return 1 ;;
     esac
 }
 for v in $VARIANTS; do
     variant_args "$v" > /dev/null || {
         echo "smollm2_ablation.sh: unknown variant '$v' (dense rkv_naive rkv rkv_geo" \
-             "snapkv rkv_keep_prompt)" >&2; exit 2; }
+             "snapkv rkv_keep_prompt lora)" >&2; exit 2; }
 done
 [ -d "$BASE" ] || [ $DRY = 1 ] || {
     echo "smollm2_ablation.sh: no model at $BASE (python -m minisparse.download --model" \
