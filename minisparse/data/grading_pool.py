@@ -71,7 +71,10 @@ class _Worker:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
-        self.proc.stdin.close()
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:  # a request that a worker dead while idle never read: its
+            pass  # flush fails again here, but close() closes the pipe all the same
         self.proc.stdout.close()
 
     def restart(self) -> None:

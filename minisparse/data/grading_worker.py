@@ -1,14 +1,23 @@
 """A grading process (grading_pool.py starts them): math-verify's verdict on each
 (answer, label) it is sent, stopped at the request's limit by SIGALRM in its own main
 thread, where the alarm also interrupts sympy's integer arithmetic. C work that ignores
-the alarm is the pool's to kill. Run as `python -m minisparse.data.grading_worker`."""
+the alarm is the pool's to kill. Run as `python -m minisparse.data.grading_worker`.
+
+A grading process ignores SIGINT: a terminal's Ctrl-C goes to the whole process group,
+and the trainer owns the stop (one line, no traceback; trainer/stop.py). The pool kills
+its workers at exit (GradingPool.close), the kernel kills them if the trainer dies
+(PR_SET_PDEATHSIG), and otherwise a worker ends when its stdin closes."""
 from __future__ import annotations
+
+import signal
+
+if __name__ == "__main__":  # first, before any import: Ctrl-C is the trainer's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 import functools
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -88,7 +97,6 @@ def _die_with_parent(parent_pid: int) -> None:
         return
     try:
         import ctypes
-        import signal
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -109,9 +117,12 @@ def serve(parent_pid: int) -> None:
         replies.flush()
 
     _warm_up()
-    say("ready")
-    for line in sys.stdin:
-        say(verify(*json.loads(line)))
+    try:
+        say("ready")
+        for line in sys.stdin:
+            say(verify(*json.loads(line)))
+    except BrokenPipeError:  # the trainer went without closing us (e.g. a second Ctrl-C):
+        os._exit(0)  # nobody to answer; _exit, or the unflushed reply is reported at exit
 
 
 if __name__ == "__main__":
