@@ -82,7 +82,7 @@ PAPER = [name for name in SHIPPED if not name.startswith(("tiny", "smollm2"))]
 def test_smollm2_configs_differ_only_in_compression():
     """The ablation's runs share everything but the rollout's KV cache; the model path is
     where `python -m minisparse.download --model smollm2-135m-instruct --out checkpoints/`
-    writes it, and the compressed budget holds the ~60-token prompt."""
+    writes it (the design's proportions: tests/config/test_smollm2_configs.py)."""
     from minisparse.models.gguf import MODELS
 
     dense, rkv, snap = (config_to_dict(load_config(f"smollm2_{v}"))
@@ -91,7 +91,6 @@ def test_smollm2_configs_differ_only_in_compression():
     for other in (rkv, snap):
         differ = {k for k in dense if dense[k] != other[k]}
         assert differ == {"compress", "output_dir"}, differ
-        assert other["compress"]["budget"] > dense["data"]["max_prompt_len"] // 2
     assert (rkv["compress"]["algorithm"], snap["compress"]["algorithm"]) == ("rkv", "snapkv")
     assert {k for k in rkv["compress"] if rkv["compress"][k] != snap["compress"][k]} \
         == {"algorithm"}
@@ -165,7 +164,8 @@ def test_zero_stage_is_auto_or_a_number(tmp_path):
 @pytest.mark.parametrize("override,message", [
     ("model.gradient_checkpointing=sometimes",
      "'model.gradient_checkpointing' must be one of auto, true, false; got 'sometimes'"),
-    ("optimizer_offload=1", "'optimizer_offload' must be one of auto, true, false; got '1'"),
+    ("optimizer_offload=1",
+     "'optimizer_offload' must be one of auto, true, false, cpu_adam; got '1'"),
     ("gpu_memory_gb=-1", "'gpu_memory_gb' must be >= 0, got -1"),
     ("compress.budgett=3", "unknown config key 'compress.budgett' (did you mean 'compress.budget'?)"),
     ("num_rolout=3", "did you mean 'num_rollout'"),

@@ -64,27 +64,22 @@ def _compressions(cfg, prompt: int, response: int) -> int:
 
 @pytest.mark.parametrize("name", COMPRESSED)
 def test_compressed_configs_hold_the_stated_proportions(name):
+    """Compression acts on every response token whatever the answer's length: the budget
+    is below the prompt, so the cache is compressed right after the prefill (the looser
+    first design stopped acting once answers shrank: docs/results.md)."""
     cfg = load_config(name)
     c, text = cfg.compress, (CONFIGS_DIR / f"{name}.yaml").read_text()
-    assert c.window == 8 and not c.keep_prompt
-    assert c.divide_length * 32 == cfg.max_response_len  # the paper's 128 of 4,096
+    assert c.window == 8 and not c.keep_prompt and c.divide_length == 8
+    assert c.budget < PROMPT
+    assert first_compression_len(c, PROMPT) == 2  # checked right after the prefill
+    assert _compressions(c, PROMPT, 2) == 1  # a 2-token answer is already compressed
     peak, dense = max_cache_tokens(c), PROMPT + RESPONSE_MEAN
-    assert peak <= dense / 2
+    assert f"{PROMPT} + {RESPONSE_MEAN} = {dense}" in text
     assert f"{c.budget} + {c.divide_length} = {peak} KV tokens, {peak / dense:.2f} of dense" \
         in text
-    assert f"{PROMPT} + {RESPONSE_MEAN} = {dense}" in text
-    into = first_compression_len(c, PROMPT) - 2
     times = (_compressions(c, PROMPT, RESPONSE_MEAN), _compressions(c, PROMPT, RESPONSE_P90))
-    assert f"first compressed {into} tokens into its response, {times[0]} times in one of " \
-           f"mean length\n# ({times[1]} at p90)" in text
-    assert times[0] >= 5
-    # what the paper's prompt rule would take, and what that costs
-    third = 3 * PROMPT
-    assert c.budget < third
-    assert f"takes a budget of {third} or more, which with {c.divide_length} more is\n# " \
-           f"{(third + c.divide_length) / dense:.2f} of dense's peak" in text
-    kept = max_cache_tokens(dataclasses.replace(c, keep_prompt=True), PROMPT)
-    assert f"{PROMPT} + {c.budget} + {c.divide_length} = {kept} KV tokens" in text
+    assert f"compressed {times[0]} times in a response of\n# mean length ({times[1]} at p90)" \
+        in text
 
 
 @pytest.mark.skipif(not (MODEL / "tokenizer.json").is_file(),
