@@ -52,6 +52,7 @@ from minisparse.models.checkpointing import checkpoint_layers
 from minisparse.models.flops import FlopShape, batch_forward_flops, flop_shape, mfu_metrics, peak_flops
 from minisparse.models.liger import use_liger_kernel
 from minisparse.models.loading import load_policy
+from minisparse.models.lora import MergedWeights, adapters_disabled, apply_lora
 from minisparse.quiet import quiet_libraries
 # the machinery that trains a DeepSpeed policy
 from minisparse.trainer import distributed as dist
@@ -114,6 +115,7 @@ class Run:
     eval_problems: dict | None = None  # benchmark name -> problems, read at setup
     start_rollout: int = 0  # rollouts already done (from a checkpoint)
     current_rollout: int = 0  # the rollout under way (0: none yet), for a stop's report
+    merged: MergedWeights | None = None  # LoRA: the merged weights the engine samples with
     nonfinite_steps: int = 0
 
 
@@ -152,6 +154,8 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     checked = check_run(cfg, dist.world_size(), resume_required)  # before any model loads
     plan = plan_memory(cfg, device, dist.world_size())  # also before: exits 2 if it cannot fit
     cfg.zero_stage = plan.zero_stage  # zero_stage=auto: the plan's choice
+    if plan.cpu_adam:  # optimizer_offload=auto: the plan put the optimizer on the CPU
+        cfg.optimizer_offload = "cpu_adam"
     if dist.rank() == 0:
         if plan.setup is not None:  # a CPU run plans nothing, and needs no word on it
             print(plan.table(), flush=True)
@@ -166,10 +170,12 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     kernels = use_liger_kernel(policy, cfg.model.liger_kernel, device.type == "cuda")
     if dist.rank() == 0 and device.type == "cuda":  # GPU kernels: nothing to say on a CPU
         print(f"training passes: {attention}, {kernels}", flush=True)
+    if cfg.model.lora.enabled:  # only the adapters train; the reference is the base itself
+        apply_lora(policy, cfg.model.lora, cfg.seed, cfg.model.path)
     if plan.gradient_checkpointing:
         checkpoint_layers(policy, plan.checkpointed_layers)
     ref_model = None
-    if cfg.loss.kl_coef > 0:  # a frozen copy on the CPU; no reference model otherwise
+    if cfg.loss.kl_coef > 0 and not cfg.model.lora.enabled:  # a frozen copy on the CPU
         ref_model = copy.deepcopy(policy).to("cpu").eval().requires_grad_(False)
     rows = load_prompts(cfg.data, tokenizer)
     sampler = PromptSampler(
@@ -198,8 +204,9 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     # The engine's KV pool is sized from the memory free once the optimizer is off the GPU.
     offload = TrainingStateOffload(train_engine)
     free_training_memory(offload, device, plan.keep_state)
+    merged = MergedWeights(train_engine.module) if cfg.model.lora.enabled else None
     with rollout_weights(train_engine):
-        llm = make_backend(cfg, train_engine.module, tokenizer, device)
+        llm = make_backend(cfg, sampled_model(train_engine, merged), tokenizer, device)
     return Run(
         cfg=cfg,
         device=device,
@@ -217,7 +224,14 @@ def setup(cfg: Config, resume_required: bool) -> Run:
         eval_problems=checked.eval_problems,
         start_rollout=start,
         nonfinite_steps=nonfinite,
+        merged=merged,
     )
+
+
+def sampled_model(train_engine, merged: MergedWeights | None) -> torch.nn.Module:
+    """What the rollout engine samples with: the policy itself, or with LoRA a plain
+    model of its merged weights (W + scale * B A, made now from the adapters)."""
+    return train_engine.module if merged is None else merged.refresh()
 
 
 def resume(path: Path | None, train_engine, sampler: PromptSampler) -> tuple[int, int]:
@@ -256,7 +270,7 @@ def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
         return build_batch(outputs, rows)
 
     with rollout_weights(run.train_engine):
-        run.llm.update_weights(run.train_engine.module)
+        run.llm.update_weights(sampled_model(run.train_engine, run.merged))
         if cfg.dynamic_sampling:
             batch, ds_metrics = sample_with_signal(
                 draw, lambda b: score_batch(b, run.tokenizer, cfg.reward), cfg.n_samples_per_prompt,
@@ -289,6 +303,9 @@ def logprob_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     if run.ref_model is not None:
         with visiting(run.ref_model, run.device) as ref:
             batch.ref_logp = batch_logprobs(ref, *args)
+    elif cfg.loss.kl_coef > 0:  # LoRA: the reference is the base, the adapters off
+        with adapters_disabled(module):
+            batch.ref_logp = batch_logprobs(module, *args)
     metrics.update(mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.response_mask))
     corr = compute_corrections(batch.old_logp, batch.rollout_logp, batch.response_mask, cfg.loss)
     batch.weights, batch.keep = corr.weights, corr.keep
@@ -315,7 +332,7 @@ def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, floa
     update_fwd_bwd leaves the optimizer steps' time out, as plain HF training loops
     measure it."""
     forward = batch_forward_flops(run.flops, batch.prompts, batch.responses)
-    passes = 1 + (run.ref_model is not None)
+    passes = 1 + (run.cfg.loss.kl_coef > 0)
     fwd_bwd_s = metrics["time/update_s"] - metrics["time/optimizer_step_s"]
     return {
         **mfu_metrics("logprobs", passes * forward, metrics["time/logprobs_s"], run.peak),
@@ -329,10 +346,12 @@ def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
     dense cache unless eval.compress. The training state leaves the GPU for it even where
     the plan keeps it there for rollouts, so the pool (sized now) gets all the room; the
     next swap to training brings it back."""
+    if run.merged is not None:  # the merged copies first, then the pool its share
+        run.merged.refresh()
     rollout_memory(run.offload, run.llm, run.device)
     cache = nullcontext() if run.cfg.eval.compress else run.llm.dense()
     with rollout_weights(run.train_engine), cache:
-        run.llm.update_weights(run.train_engine.module)
+        run.llm.update_weights(sampled_model(run.train_engine, run.merged))
         summary = evaluate(
             run.llm,
             run.tokenizer,
@@ -380,6 +399,8 @@ def train(run: Run, signals: StopOnSignal) -> int | None:
         steps_done = run.train_engine.global_steps
         started = time.perf_counter()
         with phase("swap_to_rollout", metrics, run.device):
+            if run.merged is not None:  # LoRA: merged copies first, then the KV pool
+                run.merged.refresh()
             rollout_memory(run.offload, run.llm, run.device, run.plan.keep_state)
         with phase("rollout", metrics, run.device):
             batch = rollout_phase(run, rollout, metrics)
@@ -387,6 +408,8 @@ def train(run: Run, signals: StopOnSignal) -> int | None:
             reward_phase(run, batch, metrics)
         with phase("swap_to_train", metrics, run.device):
             train_memory(run.offload, run.llm, run.device)
+            if run.merged is not None:  # LoRA: the merged copies' memory to training
+                run.merged.release()
         with phase("logprobs", metrics, run.device):
             logprob_phase(run, batch, metrics)
         with phase("update", metrics, run.device):

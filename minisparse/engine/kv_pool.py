@@ -27,9 +27,19 @@ def pool_bytes(cfg: EngineConfig, device: torch.device, counted: int = 0) -> int
     if cfg.kv_memory_gb > 0:
         return int(cfg.kv_memory_gb * _GIB)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+        free = cuda_free(device)
         return max(0, int(cfg.kv_memory_fraction * (free + counted)) - counted)
     return int(cfg.kv_memory_fraction * cfg.kv_cpu_memory_gb * _GIB)
+
+
+def cuda_free(device: torch.device) -> int:
+    """Bytes this process may still allocate on the GPU: what is free, and no more than its
+    per-process memory cap leaves (gpu_memory_gb sets one: trainer/memory/plan.py)."""
+    free, total = torch.cuda.mem_get_info(device)
+    fraction = torch.cuda.get_per_process_memory_fraction(device)
+    if fraction < 1.0:
+        free = min(free, max(0, int(fraction * total) - torch.cuda.memory_reserved(device)))
+    return free
 
 
 class KVPool:

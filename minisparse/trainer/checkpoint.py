@@ -1,7 +1,10 @@
 """Checkpoints: an HF directory that from_pretrained loads, plus everything to resume.
 
 Layout of output_dir/checkpoints/rollout_000010/:
-  hf/                  config.json, model.safetensors (16-bit weights), tokenizer files
+  hf/                  config.json, model.safetensors (16-bit weights), tokenizer files;
+                       with LoRA (model.lora) the merged weights (W + scale * B A)
+  adapter/             with LoRA only: the adapters in PEFT's format
+                       (PeftModel.from_pretrained(base model, adapter/) loads them)
   ds/                  DeepSpeed state per rank: fp32 master weights, Adam moments,
                        LR scheduler (under ZeRO 1/2 without a third copy of the weights)
   trainer_state.json   rollout, optimizer step, data position, non-finite step count
@@ -40,6 +43,7 @@ from typing import Any
 
 import torch
 
+from minisparse.models.lora import ADAPTER_DIR, lora_enabled, save_adapter, save_merged
 from minisparse.trainer.disk import disk_full_message, ran_out_of_space
 from minisparse.trainer.distributed import barrier, rank
 from minisparse.trainer.manifest import MANIFEST, manifest_problem, write_manifest
@@ -193,7 +197,11 @@ def _write(tmp: Path, rollout: int, train_engine, tokenizer, state: dict[str, An
     barrier()
     if rank() != 0:
         return
-    train_engine.module.save_pretrained(tmp / "hf", state_dict=state_dict)
+    if lora_enabled(train_engine.module):  # merged weights for eval.py, adapters for PEFT
+        save_merged(train_engine.module, tmp / "hf")
+        save_adapter(train_engine.module, tmp / ADAPTER_DIR)
+    else:
+        train_engine.module.save_pretrained(tmp / "hf", state_dict=state_dict)
     tokenizer.save_pretrained(tmp / "hf")
     (tmp / STATE).write_text(json.dumps(state, indent=2))
     seal(tmp, rollout)

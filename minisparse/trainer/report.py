@@ -38,6 +38,16 @@ def model_line(cfg: Config) -> str:
     return f"model: {path}, {cfg.model.dtype}"
 
 
+def lora_line(cfg: Config) -> list[str]:
+    """With model.lora: what trains, in one line (nothing otherwise)."""
+    lora = cfg.model.lora
+    if not lora.enabled:
+        return []
+    return [f"LoRA: rank {lora.rank} adapters (alpha {lora.alpha:g}) on "
+            f"{', '.join(lora.target_modules)} train, the base stays frozen and is the "
+            f"reference; rollouts sample with the merged weights"]
+
+
 def cache_line(cfg: Config, longest_prompt: int) -> str:
     """The rollout KV cache, and where the first compression falls for the longest prompt."""
     c = cfg.compress
@@ -73,6 +83,7 @@ def start_report(cfg: Config, config: str, overrides: list[str], device: str,
     return "\n".join([
         source,
         model_line(cfg),
+        *lora_line(cfg),
         f"device: {device}, {processes} process{'es' if processes > 1 else ''}",
         rollouts,
         cache_line(cfg, longest_prompt),

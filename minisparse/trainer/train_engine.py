@@ -6,6 +6,12 @@ and restores it with the optimizer. Micro-batches per step vary with packing, so
 gradient accumulation is unmanaged: backward() per micro-batch (the loss is already
 divided by the step's denominator), then one step() per optimizer step.
 
+Under optimizer_offload=cpu_adam (the memory plan's choice where the GPU cannot hold the
+optimizer step, or set) it is DeepSpeed's CPU Adam instead, with ZeRO-Offload
+(offload_optimizer: cpu, pinned): master weights, moments and the step on the CPU. Its op
+is JIT-built on first use (g++ with C++17, ninja, Python headers; ~1-2 minutes, cached in
+TORCH_EXTENSIONS_DIR), the one op a run may build.
+
 Nothing else is built either: DeepSpeed's CPU communicator would JIT-compile its
 shared-memory all-reduce op at start-up (see skip_unused_ops).
 
@@ -16,6 +22,7 @@ What leaves the GPU between phases, and when, is memory/phases.py's
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,6 +82,8 @@ def deepspeed_config(cfg: Config, on_gpu: bool, world: int = 1) -> dict[str, Any
     }
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if cfg.optimizer_offload == "cpu_adam":  # ZeRO-Offload: state and step on the CPU
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -105,20 +114,60 @@ def skip_unused_ops(deepspeed) -> None:
     deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
 
 
+def cpu_adam_missing() -> str:
+    """What building DeepSpeed's CPU Adam op needs and this machine lacks ("" when nothing:
+    a C++17 compiler, ninja and Python's headers; the build itself then takes ~1-2 min)."""
+    import shutil
+    import sysconfig
+
+    from torch.utils.cpp_extension import is_ninja_available
+
+    missing = [what for what, ok in (
+        ("a C++ compiler (g++ or c++ on PATH)", shutil.which("g++") or shutil.which("c++")),
+        ("ninja (pip install ninja)", is_ninja_available()),
+        ("Python's headers (Python.h; python3-dev)",
+         (Path(sysconfig.get_paths()["include"]) / "Python.h").exists())) if not ok]
+    return ", ".join(missing)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: Config, on_gpu: bool) -> torch.optim.Optimizer:
+    """torch AdamW (fused on GPU); DeepSpeed's CPU Adam (AdamW's update, decoupled weight
+    decay) under optimizer_offload=cpu_adam."""
+    o = cfg.optim
+    groups = param_groups(model, o.weight_decay)
+    betas = (o.adam_beta1, o.adam_beta2)
+    if cfg.optimizer_offload == "cpu_adam":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        missing = cpu_adam_missing()
+        if missing:
+            raise RuntimeError(f"optimizer_offload=cpu_adam: building DeepSpeed's CPU Adam op "
+                               f"needs {missing}")
+
+        class CPUAdamW(DeepSpeedCPUAdam):
+            """Resumes from a torch AdamW checkpoint too (optimizer_offload may change on
+            resume): its groups lack bias_correction and its steps are tensors."""
+
+            def load_state_dict(self, state_dict) -> None:
+                super().load_state_dict(state_dict)
+                for group in self.param_groups:
+                    group.setdefault("bias_correction", True)
+                for state in self.state.values():
+                    if torch.is_tensor(state.get("step")):
+                        state["step"] = int(state["step"].item())
+
+        return CPUAdamW(groups, lr=o.lr, betas=betas, eps=o.adam_eps,
+                        weight_decay=o.weight_decay, adamw_mode=True)
+    return torch.optim.AdamW(groups, lr=o.lr, betas=betas, eps=o.adam_eps, fused=on_gpu)
+
+
 def build_train_engine(model: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device):
     """DeepSpeed engine around model with AdamW + LR schedule from cfg.optim."""
     import deepspeed
 
     skip_unused_ops(deepspeed)
-    o = cfg.optim
     on_gpu = device.type == "cuda"
-    optimizer = torch.optim.AdamW(
-        param_groups(model, o.weight_decay),
-        lr=o.lr,
-        betas=(o.adam_beta1, o.adam_beta2),
-        eps=o.adam_eps,
-        fused=on_gpu,
-    )
+    optimizer = make_optimizer(model, cfg, on_gpu)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, cfg, total_steps)
     )

@@ -44,6 +44,24 @@ sequence = data.max_prompt_len + max_response_len)):
   weights, moments, gradient partition) where the plan keeps it on the GPU, which it does
   when the pool beside it still holds every sequence of a rollout at its largest cache.
 
+Under optimizer_offload=cpu_adam (DeepSpeed ZeRO-Offload, ZeRO 1 or 2) master weights,
+moments and fp32 gradients live on the CPU and the step runs there: the GPU keeps the
+weights bP and DeepSpeed's gradient staging buffer b·Pmax (Pmax: the largest parameter,
+the embedding V·H). ZeRO 1 accumulates the bf16 gradients on the GPU (bP) and copies them
+to the CPU once, at the step (through its bucket; each parameter's float32 copy 4·Pmax
+on the way); ZeRO 2 keeps only its gradient bucket(s) and copies the accumulated
+gradients GPU -> CPU -> GPU after every micro-batch's backward (4P bytes over PCIe each),
+its step restoring one parameter's gradient at a time (b·Pmax + 4·Pmax). The
+host holds 20P/N (fp32 master weights 4, moments 8, fp32 gradients 4, a bf16 copy of the
+weights 2 and the accumulated bf16 gradients 2; all but the moments pinned), + bP for a
+reference model (it lives on the CPU).
+
+LoRA (model.lora): the optimizer state, gradients and buckets are the adapters' (Pt
+parameters, rank x (in + out) per adapted linear layer) in place of P's; the adapters add
+bPt to the weights, no LM-head gradient is made (the head is frozen), no reference copy
+visits (the reference pass is the policy with its adapters off), and the rollout holds
+the merged copy of the adapted weights (b a weight; freed for the training phases).
+
 Checked on an H100 80GB (Qwen2.5-3B shape, one GPU, ZeRO 2, Liger; measured / estimated,
 GiB): update 64.0 / 64.1 for one 4,247-token sequence without checkpointing, 74.4 / 74.9
 for one 8,343-token sequence, 74.7 / 74.4 for two sequences packed into 8,189 tokens;
@@ -59,7 +77,7 @@ from dataclasses import dataclass
 import torch
 
 from minisparse.compression.trigger import max_cache_tokens
-from minisparse.config.schema import Config
+from minisparse.config.schema import Config, LoraConfig
 from minisparse.trainer.train_engine import overlaps_reduction, zero_stage_of
 from minisparse.models.loading import attention_heads
 
@@ -124,6 +142,14 @@ class Setup:
     max_num_seqs: int
     rollout_sequences: int = 0  # sequences a rollout decodes at once, at most
     rollout_cache: int = 0  # KV tokens one of them holds at most (whole pages)
+    trainable: int = 0  # LoRA: the adapters' parameters, the only ones trained; 0: all
+    merged: int = 0  # LoRA: parameters of the adapted weights, merged for the rollout
+    cpu_adam: bool = False  # the optimizer's state and step on the CPU (ZeRO-Offload)
+
+    @property
+    def trained(self) -> int:
+        """Parameters the optimizer holds state for: the adapters under LoRA, else all."""
+        return self.trainable or self.shape.params
 
     @property
     def worst_tokens(self) -> int:
@@ -142,18 +168,34 @@ def rollout_cache_tokens(cfg: Config) -> int:
     return (-(-tokens // page) + 1) * page  # + the page the next token opens
 
 
+def lora_sizes(shape: ModelShape, lora: LoraConfig) -> tuple[int, int]:
+    """(adapter parameters, parameters of the weights they adapt) of model.lora on a
+    decoder of this shape: rank x (in + out) and in x out per adapted linear layer."""
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    h, i = shape.hidden, shape.intermediate
+    dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    adapted = [dims[name] for name in set(lora.target_modules)]
+    return (shape.layers * sum(lora.rank * (a + b) for a, b in adapted),
+            shape.layers * sum(a * b for a, b in adapted))
+
+
 def setup_of(cfg: Config, shape: ModelShape, world: int, liger: bool) -> Setup:
     dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[cfg.model.dtype]
     per_rank = cfg.rollout_batch_size * cfg.n_samples_per_prompt // world
+    lora = cfg.model.lora.enabled
+    trainable, merged = lora_sizes(shape, cfg.model.lora) if lora else (0, 0)
     return Setup(
         shape=shape, dtype_bytes=dtype_bytes, world=world, zero_stage=zero_stage_of(cfg),
         longest=cfg.data.max_prompt_len + cfg.max_response_len,
         max_tokens=cfg.max_tokens_per_gpu, logprob_chunk=cfg.model.logprob_chunk,
-        liger=liger, sdpa=cfg.model.attention == "sdpa", reference=cfg.loss.kl_coef > 0,
+        liger=liger, sdpa=cfg.model.attention == "sdpa",
+        reference=cfg.loss.kl_coef > 0 and not lora,  # LoRA: the base is the reference
+        trainable=trainable, merged=merged,
         kv_memory=int(cfg.engine.kv_memory_gb * GIB), kv_fraction=cfg.engine.kv_memory_fraction,
         max_num_seqs=cfg.engine.max_num_seqs,
         rollout_sequences=min(cfg.engine.max_num_seqs, per_rank),
-        rollout_cache=rollout_cache_tokens(cfg))
+        rollout_cache=rollout_cache_tokens(cfg), cpu_adam=cfg.optimizer_offload == "cpu_adam")
 
 
 # ------------------------------------------------------------------------ the estimates
@@ -162,19 +204,34 @@ def setup_of(cfg: Config, shape: ModelShape, world: int, liger: bool) -> Setup:
 def weights(s: Setup) -> int:
     """The policy's weights on one GPU during the training phases."""
     p, b = s.shape.params, s.dtype_bytes
-    return b * p // s.world + b * min(p, LIVE_PARAMETERS) if s.zero_stage == 3 else b * p
+    if s.zero_stage == 3:
+        return b * p // s.world + b * min(p, LIVE_PARAMETERS)
+    return b * (p + s.trainable)  # (LoRA: the adapters beside the base)
+
+
+def largest_parameter(s: Setup) -> int:
+    """Elements of the largest parameter: the embedding (V·H) in these decoders."""
+    m = s.shape
+    return max(m.vocab * m.hidden, m.intermediate * m.hidden)
 
 
 def optimizer_state(s: Setup, adam: bool = True) -> int:
-    """fp32 master weights and AdamW moments (moments only once a step has made them)."""
-    p = s.shape.params
+    """fp32 master weights and AdamW moments (moments only once a step has made them) on
+    the GPU; under CPU Adam none, only DeepSpeed's gradient staging buffer (b·Pmax)."""
+    p = s.trained
+    if s.cpu_adam:
+        return s.dtype_bytes * largest_parameter(s)
     if s.zero_stage == 0:
         return 2 * s.dtype_bytes * p if adam else 0
     return (4 * p + (8 * p if adam else 0)) // s.world
 
 
 def gradients(s: Setup) -> int:
-    p, b = s.shape.params, s.dtype_bytes
+    """The bf16 gradients on the GPU: every one under ZeRO 0/1 (in .grad), the partition
+    under ZeRO 2, none under ZeRO 2 with CPU Adam (copied to the CPU per bucket)."""
+    p, b = s.trained, s.dtype_bytes
+    if s.cpu_adam and s.zero_stage >= 2:
+        return 0
     return b * p // s.world if s.zero_stage >= 2 else b * p
 
 
@@ -209,7 +266,7 @@ def _fused(s: Setup) -> bool:
 def head_backward(s: Setup, tokens: int) -> int:
     """The LM head's saved hidden states and its backward's working set."""
     m, b = s.shape, s.dtype_bytes
-    vh = m.vocab * m.hidden
+    vh = 0 if s.trainable else m.vocab * m.hidden  # LoRA: a frozen head, no weight gradient
     if _fused(s):
         chunk = min(s.logprob_chunk, tokens)
         return b * tokens * m.hidden + (4 + b) * vh + b * chunk * m.vocab
@@ -221,6 +278,8 @@ def first_flush_share(s: Setup) -> float:
     fills: their activations are freed by then. An untied LM head's gradient is the
     backward's first and joins that bucket (Qwen2.5-7B's 545M elements fill it alone, so
     no layer's activations are freed yet); a tied one's comes last, with the embedding's."""
+    if s.trainable:  # LoRA: the adapters' gradients, spread over the layers (head frozen)
+        return min(1.0, BUCKET / s.trainable)
     head = 0 if s.shape.tied else s.shape.vocab * s.shape.hidden
     return max(0.0, min(1.0, (BUCKET - head) / s.shape.layer_params / s.shape.layers))
 
@@ -228,7 +287,7 @@ def first_flush_share(s: Setup) -> float:
 def bucket_bytes(s: Setup) -> int:
     """One of DeepSpeed's gradient buckets: reduce_bucket_size elements, or every gradient
     where the model has fewer."""
-    return s.dtype_bytes * min(BUCKET, s.shape.params)
+    return s.dtype_bytes * min(BUCKET, s.trained)
 
 
 def gradient_buckets(s: Setup) -> int:
@@ -265,8 +324,9 @@ def backward_peak(s: Setup, tokens: int, checkpointed: int, offload: bool,
     start = acts + head_backward(s, tokens)
     if s.zero_stage < 2:  # gradients accumulate in place, in the parameters' .grad
         return state + grads + start + reduction_bucket(s)
+    head_grad = 0 if s.trainable else b * m.vocab * m.hidden  # (LoRA: the head is frozen)
     flush = (acts - freed_at_first_flush(s, tokens, checkpointed) + grads
-             + gradient_buckets(s) * bucket_bytes(s) + b * m.vocab * m.hidden
+             + gradient_buckets(s) * bucket_bytes(s) + head_grad
              + tokens * b * (m.intermediate + 2 * m.hidden))
     return state + (grads if accumulating else 0) + max(start, flush)
 
@@ -274,8 +334,12 @@ def backward_peak(s: Setup, tokens: int, checkpointed: int, offload: bool,
 def step_peak(s: Setup, adam: bool = True) -> int:
     """The optimizer step: state, gradients, their flat copy and float32 version. The
     first step makes the AdamW moments once the flat copy is gone (20P rather than 22P
-    on one GPU under ZeRO 2)."""
-    p, b = s.shape.params, s.dtype_bytes
+    on one GPU under ZeRO 2). P: the trained parameters (LoRA: the adapters')."""
+    p, b = s.trained, s.dtype_bytes
+    if s.cpu_adam:  # ZeRO 1: the gradients and the bucket they are reduced through; then
+        # one parameter's gradient on the GPU at a time (ZeRO 2: restored), its fp32 copy
+        return (weights(s) + optimizer_state(s) + gradients(s) + reduction_bucket(s)
+                + (b + 4) * largest_parameter(s))
     if s.zero_stage == 0:
         return weights(s) + optimizer_state(s) + gradients(s)
     copy = b * p // s.world if adam else 0
@@ -302,9 +366,21 @@ def logprob_peak(s: Setup, tokens: int, adam: bool = True) -> int:
     return weights(s) + optimizer_state(s, adam) + reference + work + head + mask
 
 
+def host_memory(s: Setup) -> int:
+    """Host memory one rank's CPU Adam holds (20P/N, module docstring) + the reference
+    model's bP on the CPU; 0 without CPU Adam."""
+    if not s.cpu_adam:
+        return 0
+    p = s.shape.params
+    return 20 * s.trained // s.world + (s.dtype_bytes * p if s.reference else 0)
+
+
 def training_state(s: Setup) -> int:
     """What the swap to a rollout moves off the GPU under ZeRO 1-3: fp32 master weights,
-    AdamW moments and the gradient partition (without ZeRO nothing moves)."""
+    AdamW moments and the gradient partition (without ZeRO nothing moves). Under CPU
+    Adam: its staging buffer, which stays (its step leaves no gradient on the GPU)."""
+    if s.cpu_adam:
+        return optimizer_state(s)
     return optimizer_state(s) + gradients(s) if s.zero_stage else 0
 
 
@@ -312,7 +388,7 @@ def rollout_resident(s: Setup, keep_state: bool = False) -> int:
     """What stays on the GPU beside the KV pool while the engine samples: the weights
     (ZeRO 3 gathers them whole; without ZeRO the optimizer state stays too), and the
     training state where it is kept there."""
-    b, p = s.dtype_bytes, s.shape.params
+    b, p = s.dtype_bytes, s.shape.params + s.trainable + s.merged  # LoRA: adapters, merged
     kept = training_state(s) if keep_state else 0
     if s.zero_stage == 3:
         return b * p + b * p // s.world + kept

@@ -31,13 +31,16 @@ class TrainingStateOffload:
 
     deepspeed 0.19.8's offload_states / reload_states (ZeRO 1/2 and 3) move the AdamW
     moments, fp32 master weights and gradient buffers to pinned CPU memory. The bf16
-    weights stay: the engine samples with them. A no-op on CPU and for ZeRO 0.
+    weights stay: the engine samples with them. A no-op on CPU, for ZeRO 0 and under CPU
+    Adam (optimizer_offload=cpu_adam), whose state lives on the CPU already (DeepSpeed's
+    reload_states would bring its master weights to the GPU).
     """
 
     def __init__(self, engine) -> None:
         self.engine = engine
         device = next(engine.module.parameters()).device
-        self.active = engine.zero_optimization_stage() > 0 and device.type == "cuda"
+        self.active = (engine.zero_optimization_stage() > 0 and device.type == "cuda"
+                       and not engine.zero_cpu_offload())
 
     def offload(self) -> None:
         """Everything the update alone needs: for the rollout."""

@@ -10,6 +10,14 @@ It decides:
 * whether AdamW moments and fp32 master weights wait on the CPU during the update's
   forward and backward passes (optimizer_offload: auto), only when nothing else fits:
   they come back for each optimizer step, which needs them on the GPU;
+* whether the optimizer's state and step move to the CPU (optimizer_offload: auto ->
+  cpu_adam, DeepSpeed ZeRO-Offload's CPU Adam) where even so the update cannot fit on the
+  GPU (the step alone needs 16P/N beside the weights): the GPU then keeps the bf16
+  weights (and under ZeRO 1 the gradients), the host 20P/N (checked against the host's
+  memory available at start, for every rank on it), and the plan's first line says why.
+  zero_stage=auto then takes ZeRO 1 wherever it fits: it copies the gradients to the CPU
+  once a step, ZeRO 2 after every micro-batch (4P bytes over PCIe each; measured on the
+  CPU: 162 parameter copies against 0 for 2 steps of 3 micro-batches);
 * whether the training state (fp32 master weights, AdamW moments, gradient partition)
   stays on the GPU through rollouts: when the KV pool beside it still holds every
   sequence of a rollout at its largest cache (compressed rollouts need little), so the
@@ -43,7 +51,8 @@ import torch
 from minisparse.config.schema import Config, ConfigError
 from minisparse.trainer.batching import pack_by_tokens, step_micro_batches
 from minisparse.trainer.distributed import Max, all_reduce
-from minisparse.trainer.memory.estimate import (GIB, Setup, all_or_none, backward_peak, kv_pool,
+from minisparse.trainer.memory.estimate import (GIB, Setup, all_or_none, backward_peak,
+                                             host_memory, kv_pool,
                                              kv_tokens, logprob_peak, rollout_kv_need,
                                              rollout_peak, rollout_resident, setup_of,
                                              shape_of, step_peak, training_state, update_peak)
@@ -73,6 +82,9 @@ class MemoryPlan:
     keep_state: bool = False  # the training state stays on the GPU through rollouts
     zero_stage: int = 2  # DeepSpeed's, as set or chosen (zero_stage: auto)
     zero_note: str = ""  # why, when chosen
+    cpu_adam: bool = False  # the optimizer's state and step on the CPU (ZeRO-Offload)
+    cpu_adam_note: str = ""  # why, when chosen
+    host: int = 0  # bytes of host memory available at start (0: not checked)
 
     @property
     def usable(self) -> int:
@@ -91,6 +103,8 @@ class MemoryPlan:
         keep, seqs = self.keep_state, s.rollout_sequences
         state = (f" + training state {_gib(training_state(s))} (kept: {seqs:,} sequences of "
                  f"up to {s.rollout_cache:,} tokens fit beside it)" if keep else "")
+        if s.cpu_adam:
+            state = f" + CPU Adam's gradient staging buffer {_gib(training_state(s))}"
         pool = kv_tokens(s, cap, keep)
         rows = [
             ("rollout", f"weights {_gib(rollout_resident(s))}{state} + KV pool "
@@ -101,13 +115,20 @@ class MemoryPlan:
             ("update", f"{_budget(self.update_tokens, longest)}; optimizer step "
                        f"{_gib(step_peak(s))}"
                        + (", optimizer state on the CPU during forward/backward"
-                          if self.optimizer_offload else "")),
+                          if self.optimizer_offload else "")
+                       + (", the step on the CPU" if s.cpu_adam else "")),
         ]
         head = (f"memory plan: {self.device}, {_gib(cap)} GiB, planned to "
                 f"{_gib(self.usable)} ({HEADROOM:.0%} kept free); {_count(s.shape.params)} "
-                f"parameters, ZeRO {s.zero_stage}"
+                f"parameters"
+                + (f" (LoRA: {_count(s.trainable)} trained)" if s.trainable else "")
+                + f", ZeRO {s.zero_stage}"
                 + (f" ({self.zero_note})" if self.zero_note else "") + f" over {s.world} GPU"
-                f"{'s' if s.world > 1 else ''}; sequences up to {longest:,} tokens")
+                f"{'s' if s.world > 1 else ''}; sequences up to {longest:,} tokens"
+                + (f"; optimizer on the CPU (DeepSpeed CPU Adam, {self.cpu_adam_note}): host "
+                   f"memory {_gib(host_memory(s))} GiB a GPU"
+                   + (f" of {_gib(self.host)} available" if self.host else "")
+                   if s.cpu_adam else ""))
         lines = [head, f"  {'phase':9s} {'peak GiB':>8s}"]
         lines += [f"  {name:9s} {_gib(self.peaks[name]):>8s}  {what}" for name, what in rows]
         lines.append(f"  chosen: {choice}")
@@ -120,11 +141,14 @@ class MemoryPlan:
                "keep_state": self.keep_state,
                "zero_stage": self.zero_stage, "zero_note": self.zero_note,
                "optimizer_offload": self.optimizer_offload,
+               "cpu_adam": self.cpu_adam, "cpu_adam_note": self.cpu_adam_note,
                "logprob_tokens": self.logprob_tokens, "update_tokens": self.update_tokens,
                "planned": self.setup is not None, "note": self.note}
         if self.setup is not None:
             out |= {"device": self.device, "capacity_gib": self.capacity / GIB,
                     "usable_gib": self.usable / GIB, "headroom": HEADROOM,
+                    "host_gib": host_memory(self.setup) / GIB,
+                    "host_available_gib": self.host / GIB,
                     "peaks_gib": {k: v / GIB for k, v in self.peaks.items()},
                     "setup": asdict(self.setup)}
         return out
@@ -157,13 +181,57 @@ def plan_memory(cfg: Config, device: torch.device, world: int) -> MemoryPlan:
 
     found = gpu_capacity(cfg, device)
     if found is None:
-        return not_planned(cfg)
+        return _buildable(not_planned(cfg))
     capacity, name = found
-    if world > 1:  # every rank plans for the fullest GPU, so all decide the same
+    cap_gpu_memory(cfg, device)
+    host = host_available()
+    if world > 1:  # every rank plans for the fullest GPU (and host), so all decide the same
         capacity = int(all_reduce(torch.tensor([capacity], dtype=torch.float64), "min").item())
+        host = int(all_reduce(torch.tensor([host], dtype=torch.float64), "min").item())
     config = model_config(cfg.model.path)
     liger = liger_applies(cfg.model.liger_kernel, config.model_type, device.type == "cuda")
-    return plan_zero_stage(cfg, setup_of(cfg, shape_of(config), world, liger), capacity, name)
+    return _buildable(plan_zero_stage(cfg, setup_of(cfg, shape_of(config), world, liger),
+                                      capacity, name, host=host))
+
+
+def _buildable(plan: MemoryPlan) -> MemoryPlan:
+    """A plan with CPU Adam stops here (before any model loads) where its op cannot build."""
+    from minisparse.trainer.train_engine import cpu_adam_missing
+
+    missing = cpu_adam_missing() if plan.cpu_adam else ""
+    if missing:
+        raise ConfigError(f"optimizer_offload=cpu_adam ({plan.cpu_adam_note or 'set'}): "
+                          f"building DeepSpeed's CPU Adam op needs {missing}")
+    return plan
+
+
+def cap_gpu_memory(cfg: Config, device: torch.device) -> None:
+    """gpu_memory_gb on a GPU: the caching allocator may hold no more than that (torch's
+    per-process memory fraction), so a phase the plan undercounts fails with an
+    out-of-memory error rather than quietly using the rest of a larger GPU. (The CUDA
+    context and NCCL's buffers are outside the allocator, as HEADROOM assumes.)"""
+    if device.type != "cuda" or not cfg.gpu_memory_gb:
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.gpu_memory_gb * GIB / total), device)
+
+
+def host_available() -> int:
+    """Bytes of host memory one rank may count on: MemAvailable (or MINISPARSE_HOST_MEMORY_GB,
+    GiB, where the host's memory grows as it is used: a VM whose MemTotal starts small) over
+    the ranks on this host (LOCAL_WORLD_SIZE, as torchrun sets it); 0 where it cannot be
+    read (not checked)."""
+    import os
+
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if os.environ.get("MINISPARSE_HOST_MEMORY_GB"):
+        return int(float(os.environ["MINISPARSE_HOST_MEMORY_GB"]) * GIB) // ranks
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+    return kib * 1024 // ranks
 
 
 def gpu_capacity(cfg: Config, device: torch.device) -> tuple[int, str] | None:
@@ -185,9 +253,11 @@ def _allowed(value: str, option: bool) -> bool:
     return value == "auto" or (value == "true") == option
 
 
-def _options(cfg: Config) -> list[tuple[bool, bool]]:
+def _options(cfg: Config, s: Setup | None = None) -> list[tuple[bool, bool]]:
+    """(checkpointing, offload between phases) allowed; under CPU Adam nothing to offload."""
     gc, off = cfg.model.gradient_checkpointing, cfg.optimizer_offload
-    return [o for o in OPTIONS if _allowed(gc, o[0]) and _allowed(off, o[1])]
+    return [o for o in OPTIONS if _allowed(gc, o[0]) and _allowed(off, o[1])
+            and not (o[1] and s is not None and s.cpu_adam)]
 
 
 def _peak(s: Setup, tokens: int, option: tuple[bool, bool]) -> int:
@@ -223,20 +293,29 @@ def _round(n: int, floor: int) -> int:
 def not_planned(cfg: Config) -> MemoryPlan:
     return MemoryPlan(gradient_checkpointing=cfg.model.gradient_checkpointing == "true",
                       optimizer_offload=cfg.optimizer_offload == "true",
+                      cpu_adam=cfg.optimizer_offload == "cpu_adam",
                       logprob_tokens=cfg.max_tokens_per_gpu, update_tokens=cfg.max_tokens_per_gpu,
                       zero_stage=zero_stage_of(cfg))
 
 
-def plan_zero_stage(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
+def plan_zero_stage(cfg: Config, s: Setup, capacity: int, device: str,
+                    host: int = 0) -> MemoryPlan:
     """make_plan at the ZeRO stage set; under zero_stage=auto, ZeRO 1's plan where it
     gives up nothing of ZeRO 2's (_zero_1_cost), else ZeRO 2's."""
     if cfg.zero_stage != "auto":
-        return make_plan(cfg, s, capacity, device)
-    two = make_plan(cfg, replace(s, zero_stage=2), capacity, device)
+        return make_plan(cfg, s, capacity, device, host)
+    two = make_plan(cfg, replace(s, zero_stage=2), capacity, device, host)
     try:
-        one = make_plan(cfg, replace(s, zero_stage=1), capacity, device)
+        one = make_plan(cfg, replace(s, zero_stage=1), capacity, device, host)
     except ConfigError:  # ZeRO 2 holds less: fits where 1 may not
         one = None
+    if two.cpu_adam:  # ZeRO 2 would move the gradients over PCIe after every micro-batch
+        if one is None or not one.cpu_adam:
+            two.zero_note = "auto: with CPU Adam ZeRO 1 would not fit"
+            return two
+        one.zero_note = ("auto: with CPU Adam it moves the gradients to the CPU once a step, "
+                         "ZeRO 2 after every micro-batch")
+        return one
     cost = _zero_1_cost(one, two)
     chosen = two if cost else one
     chosen.zero_note = (f"auto: ZeRO 1 would {cost}" if cost else
@@ -249,6 +328,8 @@ def _zero_1_cost(one: MemoryPlan | None, two: MemoryPlan) -> str:
     make_plan made counts its checkpointed layers: 0 when checkpointing is off.)"""
     if one is None:
         return "not fit"
+    if one.cpu_adam and not two.cpu_adam:
+        return "need the optimizer on the CPU"
     if one.optimizer_offload and not two.optimizer_offload:
         return "need the optimizer state on the CPU during the update"
     more = one.checkpointed_layers - two.checkpointed_layers
@@ -261,11 +342,18 @@ def _zero_1_cost(one: MemoryPlan | None, two: MemoryPlan) -> str:
     return ""
 
 
-def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
-    """The plan for setup s on a GPU of `capacity` bytes; ConfigError (one line naming the
-    setting and what would fit) when the fixed settings cannot fit."""
+def make_plan(cfg: Config, s: Setup, capacity: int, device: str, host: int = 0) -> MemoryPlan:
+    """The plan for setup s on a GPU of `capacity` bytes (and `host` bytes of host memory
+    for this rank, 0: not checked); ConfigError (one line naming the setting and what
+    would fit) when the fixed settings cannot fit."""
+    if s.cpu_adam and s.zero_stage not in (1, 2):
+        raise ConfigError(f"optimizer_offload=cpu_adam runs under ZeRO 1 or 2, not zero_stage="
+                          f"{cfg.zero_stage}; set zero_stage=1, 2 or auto")
     plan = MemoryPlan(False, False, s.max_tokens, s.max_tokens, s, capacity, device,
-                      zero_stage=s.zero_stage)
+                      zero_stage=s.zero_stage, cpu_adam=s.cpu_adam, host=host)
+    if s.cpu_adam:
+        plan.cpu_adam_note = "optimizer_offload=cpu_adam"
+        _check_host(s, host)
     usable = plan.usable
     worst = s.worst_tokens
     need = rollout_peak(s, capacity)
@@ -278,8 +366,27 @@ def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
     plan.keep_state = keeps_state(s, capacity, usable)
     need = rollout_peak(s, capacity, plan.keep_state)
     plan.logprob_tokens = _logprob_budget(cfg, s, usable)
-    options = _options(cfg)
+    options = _options(cfg, s)
     chosen = next((o for o in options if _peak(s, worst, o) <= usable), None)
+    if chosen is None and cfg.optimizer_offload == "auto" and s.zero_stage in (1, 2) \
+            and not s.cpu_adam:
+        try:  # the optimizer's state and step to the CPU: what is left to try
+            cpu = make_plan(cfg, replace(s, cpu_adam=True), capacity, device, host)
+        except ConfigError as error:
+            gpu = _update_error(cfg, s, usable, capacity)
+            if "host memory" in str(error):  # what CPU Adam would need, beside the GPU's
+                cpu_s = replace(s, cpu_adam=True)
+                raise ConfigError(
+                    f"optimizer_offload=auto: the update needs ~{_size(_best(s, worst, options))}"
+                    f" of the {_size(usable)} planned for on the GPU, and with the optimizer on "
+                    f"the CPU (cpu_adam) ~{_size(host_memory(cpu_s))} of host memory a GPU, "
+                    f"{_size(host)} available; use more GPUs or hosts") from None
+            if step_peak(s) > usable:  # only the step on the CPU helps: what it would need
+                raise
+            raise ConfigError(gpu) from None
+        cpu.cpu_adam_note = (f"auto: with AdamW on the GPU the update would need "
+                             f"~{_size(_best(s, worst, options))} of the {_size(usable)}")
+        return cpu
     if chosen is None:
         raise ConfigError(_update_error(cfg, s, usable, capacity))
     plan.gradient_checkpointing, plan.optimizer_offload = chosen
@@ -291,6 +398,12 @@ def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
         if chosen[0]:
             plan.checkpointed_layers = _fewest_checkpointed(s, worst, chosen[1], usable)
     lp_worst = max(plan.logprob_tokens, s.longest)
+    if logprob_peak(s, lp_worst) > usable:  # the weights (+ a visiting reference) alone
+        raise ConfigError(
+            f"the log-prob passes need ~{_size(logprob_peak(s, lp_worst))} of the "
+            f"{_size(usable)} planned for at {lp_worst:,} tokens"
+            + (" (the reference model visits: loss.kl_coef=0 needs none)" if s.reference
+               else "") + "; use more GPUs or a GPU with more memory")
     plan.peaks = {"rollout": need, "logprobs": logprob_peak(s, lp_worst),
                   "update": update_peak(s, worst, plan.checkpointed_layers, chosen[1])}
     return plan
@@ -299,12 +412,23 @@ def make_plan(cfg: Config, s: Setup, capacity: int, device: str) -> MemoryPlan:
 def keeps_state(s: Setup, capacity: int, usable: int) -> bool:
     """Whether the training state can stay on the GPU through rollouts: the KV pool left
     beside it holds every sequence of a rollout at its largest cache (ZeRO 1-3; without
-    ZeRO it never moves)."""
+    ZeRO it never moves). Under CPU Adam only its staging buffer is there, and it stays."""
+    if s.cpu_adam:
+        return True
     if not s.zero_stage or not s.rollout_sequences:
         return False
     if s.kv_memory:  # a fixed pool: the state must fit beside it
         return rollout_peak(s, capacity, True) <= usable
     return kv_tokens(s, capacity, True) >= rollout_kv_need(s)
+
+
+def _check_host(s: Setup, host: int) -> None:
+    """CPU Adam's host memory (estimate.host_memory) against what this rank may count on."""
+    need = host_memory(s)
+    if host and need > host:
+        raise ConfigError(f"optimizer_offload=cpu_adam: the optimizer on the CPU needs ~"
+                          f"{_size(need)} of host memory a GPU, {_size(host)} available "
+                          f"(MemAvailable over the GPUs of this host); use more hosts or GPUs")
 
 
 def _logprob_budget(cfg: Config, s: Setup, usable: int) -> int:
@@ -324,7 +448,7 @@ def _logprob_budget(cfg: Config, s: Setup, usable: int) -> int:
 
 def _update_error(cfg: Config, s: Setup, usable: int, capacity: int) -> str:
     """One line: the setting that keeps the update from fitting, and what would fit."""
-    options = _options(cfg)
+    options = _options(cfg, s)
     worst = s.worst_tokens
     need = _size(_best(s, worst, options))
     where = (f"the update needs ~{need} of the {_size(usable)} planned for "
@@ -352,9 +476,18 @@ def _update_error(cfg: Config, s: Setup, usable: int, capacity: int) -> str:
     step = step_peak(s)
     if step > usable:
         stage = f"auto (ZeRO {s.zero_stage})" if cfg.zero_stage == "auto" else s.zero_stage
+        if s.cpu_adam:
+            return (f"optimizer_offload={cfg.optimizer_offload} (CPU Adam): the optimizer "
+                    f"step alone needs ~{_size(step)} of the {_size(usable)} planned for on "
+                    f"each of {s.world} GPU(s) (the weights, one parameter's gradient); use "
+                    f"more GPUs or a GPU with more memory")
+        cpu = (cfg.zero_stage in ("auto", 2)
+               and step_peak(replace(s, cpu_adam=True, zero_stage=2)) <= usable)
         return (f"zero_stage={stage}: the optimizer step alone needs ~{_size(step)} "
                 f"of the {_size(usable)} planned for on each of {s.world} GPU(s) "
-                f"(weights, fp32 master weights, AdamW moments, gradients); use more GPUs")
+                f"(weights, fp32 master weights, AdamW moments, gradients); "
+                + ("set optimizer_offload=cpu_adam (the step on the CPU) or " if cpu else "")
+                + "use more GPUs")
     prompt = cfg.data.max_prompt_len
     longest = _largest(fits, prompt + 1, s.longest - 1)
     shorter = (f"; set max_response_len<={longest - prompt}"

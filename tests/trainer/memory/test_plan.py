@@ -98,7 +98,9 @@ def test_zero_stage_auto_takes_zero_1_where_it_costs_nothing():
     # a GPU on which ZeRO 1's optimizer step alone cannot fit: 2P + 14P/2 + 2P > 0.92 C
     tight = int(step_peak(replace(plan.setup, zero_stage=2)) / 0.92) + GIB
     plan = plan_zero_stage(cfg, setup_of(cfg, m, 2, liger=True), tight, "GPU")
-    assert plan.zero_stage == 2 and plan.zero_note == "auto: ZeRO 1 would not fit"
+    # (ZeRO 1 fits there only with the optimizer on the CPU, which ZeRO 2 avoids)
+    assert plan.zero_stage == 2 and not plan.cpu_adam
+    assert plan.zero_note == "auto: ZeRO 1 would need the optimizer on the CPU"
     fixed = load_config("qwen7b_rkv", [*shape, "zero_stage=1"])
     plan = plan_zero_stage(fixed, setup_of(fixed, m, 4, liger=True), H100, "H100")
     assert plan.zero_stage == 1 and plan.zero_note == ""
@@ -258,15 +260,23 @@ def test_settings_that_cannot_fit_are_one_line(qwen3b, overrides, line):
 
 
 def test_a_model_whose_optimizer_step_cannot_fit_names_the_gpus():
-    """Qwen2.5-7B on one GPU: 22P = 22 x 7,614,699,008 bytes = 156.0 GiB."""
+    """Qwen2.5-7B on one GPU: 22P = 22 x 7,614,699,008 bytes = 156.0 GiB. With the
+    optimizer's step kept on the GPU (optimizer_offload=true) the plan stops and names the
+    CPU's step; under auto it takes it (test_small_gpus.py)."""
     shape = shape_of(shape_config("qwen2.5-7b"))
     assert shape.params == 7_614_699_008
-    cfg = load_config("qwen7b_rkv", ["data.max_prompt_len=160"])
+    cfg = load_config("qwen7b_rkv", ["data.max_prompt_len=160", "optimizer_offload=true"])
     with pytest.raises(ConfigError, match=r"^zero_stage=auto \(ZeRO 2\): the optimizer step "
                                           r"alone needs ~156\.0 GiB of the 72\.7 GiB planned "
-                                          r"for on each of 1 GPU\(s\)"):
+                                          r"for on each of 1 GPU\(s\) \(weights, fp32 master "
+                                          r"weights, AdamW moments, gradients\); set "
+                                          r"optimizer_offload=cpu_adam \(the step on the CPU\) "
+                                          r"or use more GPUs$"):
         plan_zero_stage(cfg, setup_of(cfg, shape, 1, True), H100, "H100")
-    fixed = load_config("qwen7b_rkv", ["data.max_prompt_len=160", "zero_stage=1"])
+    auto = load_config("qwen7b_rkv", ["data.max_prompt_len=160"])
+    assert plan_zero_stage(auto, setup_of(auto, shape, 1, True), H100, "H100").cpu_adam
+    fixed = load_config("qwen7b_rkv", ["data.max_prompt_len=160", "zero_stage=1",
+                                       "optimizer_offload=true"])
     with pytest.raises(ConfigError, match=r"^zero_stage=1: the optimizer step alone needs"):
         make_plan(fixed, setup_of(fixed, shape, 1, True), H100, "H100")
 
