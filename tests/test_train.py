@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from minisparse.trainer.checkpoint import complete_checkpoints, latest_checkpoint
+from run_helpers import killed_after_rows
 
 REPO = Path(__file__).resolve().parents[1]
 # entropy_coef > 0 gives every step a gradient even when the random tiny model earns no
@@ -95,19 +96,7 @@ def _rows(out: Path) -> list[dict]:
 
 def _train_killed_after(out: Path, rows: int, *args: str, cache: Path) -> int:
     """Start a run, SIGKILL it once metrics.jsonl holds `rows` rows; its return code."""
-    proc = subprocess.Popen(_cmd(out, *args), cwd=REPO, env=_env(cache),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 600
-    try:
-        while proc.poll() is None and time.monotonic() < deadline:
-            if metrics.is_file() and len(metrics.read_text().splitlines()) >= rows:
-                proc.kill()
-                break
-            time.sleep(0.02)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return proc.wait()
+    return killed_after_rows(_cmd(out, *args), REPO, _env(cache), out / "metrics.jsonl", rows)
 
 
 EVERY = ["--set", "num_rollout=5", "--set", "save_interval=1"]

@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import killed_after_rows
 
 REPO = Path(__file__).resolve().parents[1]
 RANK = 8
@@ -37,19 +37,7 @@ def _rows(out: Path) -> list[dict]:
 
 def _killed_after(out: Path, rows: int, cache: Path) -> int:
     """Start a run and SIGKILL it once metrics.jsonl holds `rows` rows."""
-    proc = subprocess.Popen(_cmd(out), cwd=REPO, env=_env(cache), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 600
-    try:
-        while proc.poll() is None and time.monotonic() < deadline:
-            if metrics.is_file() and len(metrics.read_text().splitlines()) >= rows:
-                proc.kill()
-                break
-            time.sleep(0.02)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return proc.wait()
+    return killed_after_rows(_cmd(out), REPO, _env(cache), out / "metrics.jsonl", rows)
 
 
 @pytest.fixture(scope="module")

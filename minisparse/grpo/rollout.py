@@ -29,7 +29,7 @@ class RolloutBatch:
     num_compressions: list[int]
     evicted_tokens: list[int]
     peak_cache_tokens: list[int]
-    compressed_tokens: list[int] = field(default_factory=list)  # sampled from an evicted cache
+    compressed_tokens: list[int]  # per sample: tokens sampled from a cache that had evicted
     rewards: torch.Tensor | None = None  # [N]
     advantages: torch.Tensor | None = None  # [N]
     old_logp: torch.Tensor | None = None  # [N, T] dense policy before the update

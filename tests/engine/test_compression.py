@@ -62,24 +62,11 @@ def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
         assert (o.num_compressions, o.evicted_tokens) == simulate(len(o.prompt_token_ids), steps)
 
 
-def simulate(prompt_len: int, new_tokens: int, cfg: CompressConfig = CFG) -> tuple[int, int]:
-    """(compressions, evicted tokens) the trigger implies: a check after prefill, then one
-    after each decode step but the last (which finishes the sequence). Under keep_prompt
-    the trigger counts the cache past the prompt, which stays."""
-    cache, since, count, evicted = prompt_len, 0, 0, 0
-    prompt = prompt_len if cfg.keep_prompt else 0
-    for step in range(new_tokens - 1):
-        if step:
-            cache, since = cache + 1, since + 1
-        if bool(compress_due(torch.tensor([cache - prompt]), torch.tensor([since]),
-                             torch.tensor([False]), cfg)):
-            kept = prompt + cfg.budget
-            count, evicted, cache, since = count + 1, evicted + cache - kept, kept, 0
-    return count, evicted
-
-
-def first_compression_step(prompt_len: int, new_tokens: int, cfg: CompressConfig = CFG) -> int:
-    """The decode step after which the trigger first fires (new_tokens - 1 when never)."""
+def trigger_steps(prompt_len: int, new_tokens: int, cfg: CompressConfig = CFG):
+    """(decode step, cache length before) of each compression the trigger implies: a check
+    after prefill, then one after each decode step but the last (which finishes the
+    sequence). Under keep_prompt the trigger counts the cache past the prompt, which
+    stays."""
     cache, since = prompt_len, 0
     prompt = prompt_len if cfg.keep_prompt else 0
     for step in range(new_tokens - 1):
@@ -87,8 +74,21 @@ def first_compression_step(prompt_len: int, new_tokens: int, cfg: CompressConfig
             cache, since = cache + 1, since + 1
         if bool(compress_due(torch.tensor([cache - prompt]), torch.tensor([since]),
                              torch.tensor([False]), cfg)):
-            return step
-    return new_tokens - 1
+            yield step, cache
+            cache, since = prompt + cfg.budget, 0
+
+
+def simulate(prompt_len: int, new_tokens: int, cfg: CompressConfig = CFG) -> tuple[int, int]:
+    """(compressions, evicted tokens) the trigger implies."""
+    kept = (prompt_len if cfg.keep_prompt else 0) + cfg.budget
+    events = list(trigger_steps(prompt_len, new_tokens, cfg))
+    return len(events), sum(cache - kept for _, cache in events)
+
+
+def first_compression_step(prompt_len: int, new_tokens: int, cfg: CompressConfig = CFG) -> int:
+    """The decode step after which the trigger first fires (new_tokens - 1 when never)."""
+    return next((step for step, _ in trigger_steps(prompt_len, new_tokens, cfg)),
+                new_tokens - 1)
 
 
 @pytest.mark.parametrize("keep_prompt", [False, True])

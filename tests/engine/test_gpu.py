@@ -65,7 +65,12 @@ def check_against_forward(model, prompt, out, temperature: float = 1.0, greedy: 
     set when they truncate (the distribution the engine sampled from)."""
     rows = dense_logprobs(model, prompt, out.token_ids, temperature, full=True)
     if 0 < top_k < rows.shape[-1] or top_p < 1.0:
-        rows = torch.log_softmax(truncate(rows.float(), top_k, top_p), -1)
+        # the kept set of this forward's logits, plus the token the engine drew: at the
+        # nucleus' edge bf16 logits of the two computations can keep different tail tokens
+        kept = truncate(rows.float(), top_k, top_p) > -float("inf")
+        ids = torch.tensor(out.token_ids, device=rows.device)
+        kept[torch.arange(len(ids), device=rows.device), ids] = True
+        rows = torch.log_softmax(rows.float().masked_fill(~kept, -float("inf")), -1)
     ids = torch.tensor(out.token_ids, device=rows.device)
     ref = rows.gather(-1, ids[:, None])[:, 0]
     err = (ref - torch.tensor(out.logprobs, device=rows.device)).abs()

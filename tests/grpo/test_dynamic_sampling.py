@@ -23,6 +23,7 @@ def _batch(rewards: list[float], tag: str) -> RolloutBatch:
         labels=[f"{tag}{k}" for k in range(n)], finish_reasons=["stop"] * n,
         rollout_logp=-mask.float() * (torch.arange(n)[:, None] + 1), response_mask=mask,
         num_compressions=[0] * n, evicted_tokens=[0] * n, peak_cache_tokens=[0] * n,
+        compressed_tokens=[0] * n,
         metadata=[{"k": k} for k in range(n)], grade_stats=None)
 
 

@@ -75,7 +75,7 @@ def _batch(cfg: Config) -> RolloutBatch:
         response_mask=mask,
         num_compressions=[0] * 4,
         evicted_tokens=[0] * 4,
-        peak_cache_tokens=[0] * 4,
+        peak_cache_tokens=[0] * 4, compressed_tokens=[0] * 4,
     )
     batch.old_logp = logp.clone()
     batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
