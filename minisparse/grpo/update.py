@@ -107,9 +107,10 @@ def optimizer_step(
         _constant_backward(train_engine, float("nan"))
     if offload is not None:
         offload.reload()
+    unreported = _norm_if_unreported(train_engine)
     step_s = timed(train_engine.step, device_of(train_engine))
     grad_norm = train_engine.get_global_grad_norm()
-    grad_norm = float("nan") if grad_norm is None else float(grad_norm)
+    grad_norm = unreported if grad_norm is None else float(grad_norm)
     applied = train_engine.was_step_applied() and finite and math.isfinite(grad_norm)
     return {
         **{key: float(value) for key, value in sums.items()},
@@ -119,6 +120,18 @@ def optimizer_step(
         "train/step_skipped": float(not applied),
         "time/optimizer_step_s": step_s,
     }
+
+
+def _norm_if_unreported(train_engine) -> float:
+    """The gradients' norm where DeepSpeed reports none (ZeRO 0 without a mixed-precision
+    optimizer: fp32), taken before step() clips and zeroes them; their values are already
+    the same on every rank then. NaN elsewhere: DeepSpeed's own norm is used."""
+    if train_engine.zero_optimization_stage() != 0 or train_engine.bfloat16_enabled() \
+            or train_engine.fp16_enabled():
+        return float("nan")
+    grads = [p.grad for p in train_engine.module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(
+        [torch.linalg.vector_norm(g.float()) for g in grads]))) if grads else 0.0
 
 
 def train_on_rollout(train_engine, batch: RolloutBatch, cfg: Config,

@@ -117,6 +117,25 @@ def test_step_updates_and_micro_batching_is_exact():
     assert m_split["train/lr"] == pytest.approx(1e-2)
 
 
+def test_fp32_zero_0_reports_the_norm_deepspeed_leaves_out():
+    """Under ZeRO 0 without bf16/fp16 DeepSpeed reports no gradient norm; the step measures
+    it (the same as ZeRO 1's on the same batch), so a finite step is not counted skipped."""
+    metrics, params = {}, {}
+    for stage in (0, 1):
+        cfg = _well_conditioned_adam(_cfg(zero_stage=stage))
+        engine = _engine(cfg)
+        metrics[stage] = train_on_rollout(engine, _batch(cfg), cfg)[0]
+        params[stage] = _params(engine)
+    assert metrics[0]["train/step_skipped"] == 0.0
+    assert metrics[0]["train/grad_norm"] == pytest.approx(metrics[1]["train/grad_norm"],
+                                                          rel=1e-5)
+    torch.testing.assert_close(params[0], params[1], rtol=1e-5, atol=1e-6)
+    cfg = _cfg(zero_stage=0)
+    batch = _batch(cfg)
+    batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
+    assert train_on_rollout(_engine(cfg), batch, cfg)[0]["train/step_skipped"] == 1.0
+
+
 def test_nonfinite_loss_skips_the_step():
     cfg = _cfg()
     engine = _engine(cfg)
