@@ -88,6 +88,7 @@ def synthetic_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed
         num_compressions=[0] * n,
         evicted_tokens=[0] * n,
         peak_cache_tokens=[0] * n,
+        compressed_tokens=[0] * n,
         rewards=torch.zeros(n),
         advantages=torch.randn(n, generator=g),
     )
