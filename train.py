@@ -205,6 +205,8 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     offload = TrainingStateOffload(train_engine)
     free_training_memory(offload, device, plan.keep_state)
     merged = MergedWeights(train_engine.module) if cfg.model.lora.enabled else None
+    if merged is not None:
+        merged.refresh()
     with rollout_weights(train_engine):
         llm = make_backend(cfg, sampled_model(train_engine, merged), tokenizer, device)
     return Run(
@@ -230,8 +232,9 @@ def setup(cfg: Config, resume_required: bool) -> Run:
 
 def sampled_model(train_engine, merged: MergedWeights | None) -> torch.nn.Module:
     """What the rollout engine samples with: the policy itself, or with LoRA a plain
-    model of its merged weights (W + scale * B A, made now from the adapters)."""
-    return train_engine.module if merged is None else merged.refresh()
+    model of its merged weights (W + scale * B A, as the last refresh() made them: each
+    rollout's and evaluation's swap refreshes them before the KV pool takes its share)."""
+    return train_engine.module if merged is None else merged.model
 
 
 def resume(path: Path | None, train_engine, sampler: PromptSampler) -> tuple[int, int]:
