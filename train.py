@@ -276,7 +276,8 @@ def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
         run.llm.update_weights(sampled_model(run.train_engine, run.merged))
         if cfg.dynamic_sampling:
             batch, ds_metrics = sample_with_signal(
-                draw, lambda b: score_batch(b, run.tokenizer, cfg.reward), cfg.n_samples_per_prompt,
+                draw, lambda b: score_batch(b, run.tokenizer, cfg.reward, cfg.max_response_len),
+                cfg.n_samples_per_prompt,
                 cfg.rollout_batch_size // dist.world_size(), cfg.dynamic_sampling_max_rounds)
             metrics.update(ds_metrics)
         else:
@@ -288,7 +289,7 @@ def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
 def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     """Rewards, then advantages (loss.advantage: per prompt group and/or over the batch)."""
     if batch.rewards is None:  # dynamic sampling grades during the rollout
-        score_batch(batch, run.tokenizer, run.cfg.reward)
+        score_batch(batch, run.tokenizer, run.cfg.reward, run.cfg.max_response_len)
     batch.advantages, adv_stats = compute_advantages(
         batch.rewards, run.cfg.n_samples_per_prompt, batch.response_mask.sum(dim=1), run.cfg.loss
     )

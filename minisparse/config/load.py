@@ -322,6 +322,12 @@ def _check_relations(cfg: Config) -> None:
             f"config key 'compress.max_buffer' ({c.max_buffer}) must be >= "
             f"'compress.divide_length' ({c.divide_length})"
         )
+    if cfg.reward.overlong_buffer > cfg.max_response_len:
+        raise ConfigError(
+            f"config key 'reward.overlong_buffer' ({cfg.reward.overlong_buffer}) must be <= "
+            f"'max_response_len' ({cfg.max_response_len}): the penalty starts that many "
+            f"tokens before the response limit"
+        )
     _check_bounds("loss.tis_lower", "loss.tis_upper", loss.tis_lower, loss.tis_upper)
     _check_bounds("loss.rs_lower", "loss.rs_upper", *loss.rs_bounds())
     _check_bounds("optim.min_lr", "optim.lr", cfg.optim.min_lr, cfg.optim.lr)

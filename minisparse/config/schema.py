@@ -171,6 +171,13 @@ class RewardConfig:
     # Your own reward in place of the math grader: 'package.module:callable', called as
     # fn(response, label, metadata) -> number (data/reward_plugin.py); null: math-verify.
     function: str | None = None
+    # DAPO's soft overlong punishment (arXiv 2503.14476): a response longer than
+    # max_response_len - overlong_buffer tokens loses reward linearly with its length, up to
+    # overlong_penalty at max_response_len (where it is cut off). 0: off. Without it a
+    # right answer boxed inside a ramble that runs out of tokens scores 1, and the policy
+    # may learn to ramble; rollout/accuracy stays the grader's.
+    overlong_buffer: NonNegativeInt = 0
+    overlong_penalty: NonNegative = 1.0
 
 
 @dataclass

@@ -69,11 +69,13 @@ def sample_with_signal(
 
 
 def _merged_stats(stats: list[dict], counts: list[int]) -> dict[str, float]:
-    """The grader's stats over all rounds: accuracy weighted by samples, the rest summed."""
+    """The grader's stats over all rounds: per-sample shares and means (accuracy, *_mean,
+    *_frac) weighted by samples, counts and times summed."""
     total = max(sum(counts), 1)
     merged: dict[str, float] = {}
     for part, n in zip(stats, counts):
         for key, value in part.items():
-            value = value * n / total if key == "accuracy" else value
+            per_sample = key == "accuracy" or key.endswith(("_mean", "_frac"))
+            value = value * n / total if per_sample else value
             merged[key] = merged.get(key, 0.0) + value
     return merged

@@ -30,7 +30,8 @@ class RolloutBatch:
     evicted_tokens: list[int]
     peak_cache_tokens: list[int]
     compressed_tokens: list[int]  # per sample: tokens sampled from a cache that had evicted
-    rewards: torch.Tensor | None = None  # [N]
+    rewards: torch.Tensor | None = None  # [N] what the advantages see (after reward shaping)
+    scores: torch.Tensor | None = None  # [N] the grader's (or plug-in's), before shaping
     advantages: torch.Tensor | None = None  # [N]
     old_logp: torch.Tensor | None = None  # [N, T] dense policy before the update
     ref_logp: torch.Tensor | None = None  # [N, T] frozen reference policy
@@ -119,12 +120,16 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def _graded(batch: RolloutBatch) -> torch.Tensor:
+    return batch.scores if batch.scores is not None else batch.rewards
+
+
 def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dict[str, float]:
     """Reward, length, truncation and compression statistics of one rollout batch."""
     lengths = [len(r) for r in batch.responses]
     metrics = {
         "rollout/reward_mean": batch.rewards.mean().item(),
-        "rollout/accuracy": (batch.rewards > 0.5).float().mean().item(),
+        "rollout/accuracy": (_graded(batch) > 0.5).float().mean().item(),
         "rollout/response_len_mean": _mean(lengths),
         "rollout/response_len_max": Max(max(lengths, default=0)),
         "rollout/truncated_frac": _mean([float(f == "length") for f in batch.finish_reasons]),
@@ -143,11 +148,22 @@ def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dic
     return metrics
 
 
-def score_batch(batch: RolloutBatch, tokenizer, cfg: RewardConfig) -> dict:
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int,
+                     penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment, as a positive amount to subtract: 0 up to
+    max_len - buffer tokens, then rising linearly to `penalty` at max_len, so a response
+    is told to finish before it is cut off rather than only when it is."""
+    over = (lengths.float() - (max_len - buffer)).clamp(min=0) / max(buffer, 1)
+    return penalty * over.clamp(max=1.0)
+
+
+def score_batch(batch: RolloutBatch, tokenizer, cfg: RewardConfig,
+                max_response_len: int | None = None) -> dict:
     """Decode responses and grade them: with the plug-in cfg.function when set, else with
     minisparse.data.reward in cfg.workers processes, cfg.timeout_s per answer. Fills
-    batch.rewards and batch.grade_stats (accuracy, grade_s; the math grader adds timeouts,
-    over_budget and no_answer)."""
+    batch.scores (the grades), batch.rewards (the grades less the overlong penalty when
+    cfg.overlong_buffer is set, which needs max_response_len) and batch.grade_stats
+    (accuracy, grade_s; the math grader adds timeouts, over_budget and no_answer)."""
     texts = tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
     if cfg.function:
         from minisparse.data.reward_plugin import call_reward_function
@@ -159,6 +175,16 @@ def score_batch(batch: RolloutBatch, tokenizer, cfg: RewardConfig) -> dict:
         grades, stats = grade_batch(texts, batch.labels, timeout_s=cfg.timeout_s,
                                     workers=cfg.workers)
         scores = [g.score for g in grades]
-    batch.rewards = torch.tensor(scores, dtype=torch.float32)
+    batch.scores = torch.tensor(scores, dtype=torch.float32)
+    batch.rewards = batch.scores.clone()
     batch.grade_stats = dict(stats)
+    if cfg.overlong_buffer:
+        if max_response_len is None:
+            raise ValueError("reward.overlong_buffer is set: score_batch needs max_response_len")
+        lengths = torch.tensor([len(r) for r in batch.responses])
+        penalty = overlong_penalty(lengths, max_response_len, cfg.overlong_buffer,
+                                   cfg.overlong_penalty)
+        batch.rewards -= penalty
+        batch.grade_stats["overlong_penalty_mean"] = penalty.mean().item()
+        batch.grade_stats["overlong_penalized_frac"] = (penalty > 0).float().mean().item()
     return batch.grade_stats

@@ -37,7 +37,8 @@ def _run(rounds: list[list[float]], needed: int, max_rounds: int):
 
     def score(batch):
         batch.rewards = torch.tensor(rounds[drawn[-1]])
-        batch.grade_stats = {"accuracy": batch.rewards.mean().item(), "timeouts": 1.0}
+        batch.grade_stats = {"accuracy": batch.rewards.mean().item(), "timeouts": 1.0,
+                             "overlong_penalty_mean": 0.5 if drawn[-1] == 0 else 0.1}
 
     out, metrics = sample_with_signal(draw, score, GROUP, needed, max_rounds)
     return out, metrics, drawn
@@ -62,7 +63,9 @@ def test_rounds_until_the_batch_has_signal():
             m["dynamic_sampling/zero_signal_groups"], m["dynamic_sampling/filled_groups"],
             m["dynamic_sampling/surplus_groups"]) == (2, 4, 2, 0, 0)
     assert m["dynamic_sampling/drawn_reward_mean"] == pytest.approx(4 / 8)  # 1+0+1+1+0+0+0+1
-    assert out.grade_stats == {"accuracy": pytest.approx(4 / 8), "timeouts": 2.0}
+    # shares and means over all drawn samples (two rounds of 4), counts summed
+    assert out.grade_stats == {"accuracy": pytest.approx(4 / 8), "timeouts": 2.0,
+                               "overlong_penalty_mean": pytest.approx(0.3)}
 
 
 def test_surplus_signal_groups_are_left_out():

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from minisparse.config.schema import RewardConfig
-from minisparse.grpo.rollout import RolloutBatch, rollout_metrics, score_batch
+from minisparse.grpo.rollout import RolloutBatch, overlong_penalty, rollout_metrics, score_batch
 
 
 class CharTokenizer:
@@ -36,3 +36,47 @@ def test_compressed_token_share_is_over_all_response_tokens():
         evicted_tokens=[4, 0], peak_cache_tokens=[8, 9], compressed_tokens=[3, 0])
     batch.rewards = torch.tensor([1.0, 0.0])
     assert rollout_metrics(batch)["compress/compressed_token_frac"] == pytest.approx(0.3)
+
+
+def _graded_batch(texts: list[str], finish_reasons: list[str]) -> RolloutBatch:
+    n = len(texts)
+    width = max(len(t) for t in texts)
+    return RolloutBatch(
+        prompts=[[1]] * n, responses=[list(map(ord, t)) for t in texts], labels=["2"] * n,
+        finish_reasons=finish_reasons, rollout_logp=torch.zeros(n, width),
+        response_mask=torch.ones(n, width, dtype=torch.bool), num_compressions=[0] * n,
+        evicted_tokens=[0] * n, peak_cache_tokens=[0] * n, compressed_tokens=[0] * n)
+
+
+def test_overlong_penalty_rises_linearly_over_the_buffer():
+    """max_len 20, buffer 8: nothing up to 12 tokens, then 1/8 of the penalty per token."""
+    lengths = torch.tensor([5, 12, 13, 16, 20])
+    got = overlong_penalty(lengths, max_len=20, buffer=8, penalty=0.5)
+    assert got.tolist() == pytest.approx([0.0, 0.0, 0.0625, 0.25, 0.5])
+
+
+def test_overlong_penalty_shapes_rewards_but_not_accuracy():
+    """Three right answers of 9, 15 and 20 characters (20: cut off) and a wrong one of 20,
+    max_response_len 20, buffer 10: rewards lose 0, 0.5 and 1.0; the wrong answer goes to
+    -1. rollout/accuracy counts the grader's 3 of 4, not the shaped rewards' 1 of 4."""
+    texts = ["\\boxed{2}", "\\boxed{2} and s", "\\boxed{2} and so on,", "\\boxed{3} and so on,"]
+    batch = _graded_batch(texts, ["stop", "stop", "length", "length"])
+    stats = score_batch(batch, CharTokenizer(), RewardConfig(overlong_buffer=10),
+                        max_response_len=20)
+    assert [len(t) for t in texts] == [9, 15, 20, 20]
+    assert batch.scores.tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert batch.rewards.tolist() == pytest.approx([1.0, 0.5, 0.0, -1.0])
+    assert stats["overlong_penalty_mean"] == pytest.approx(2.5 / 4)
+    assert stats["overlong_penalized_frac"] == pytest.approx(3 / 4)
+    metrics = rollout_metrics(batch, stats)
+    assert metrics["rollout/accuracy"] == pytest.approx(0.75)
+    assert metrics["rollout/reward_mean"] == pytest.approx(0.5 / 4)
+    assert metrics["reward/overlong_penalty_mean"] == pytest.approx(2.5 / 4)
+
+
+def test_without_a_buffer_rewards_are_the_grades():
+    batch = _graded_batch(["\\boxed{2} and so on,"], ["length"])
+    stats = score_batch(batch, CharTokenizer(), RewardConfig(), max_response_len=20)
+    assert batch.rewards.tolist() == [1.0] and "overlong_penalty_mean" not in stats
+    with pytest.raises(ValueError, match="max_response_len"):
+        score_batch(batch, CharTokenizer(), RewardConfig(overlong_buffer=4))
