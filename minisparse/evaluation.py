@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from minisparse.data.benchmarks import Problem, get_spec, load_benchmarks
+from minisparse.data.benchmarks import (REGISTRY, TRAINING_FILE, Problem, get_spec,
+                                        load_benchmarks)
 from minisparse.config.schema import (ConfigError, EvalConfig, PromptTemplate, RewardConfig,
                                       choices)
 from minisparse.engine.backend import RolloutBackend
@@ -92,6 +93,15 @@ def prompt_token_ids(tokenizer: Any, question: str, template: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=template == "boxed"))
 
 
+def problem_prompt_ids(tokenizer: Any, problem: Problem, template: str) -> list[int]:
+    """A training file's row keeps its own prompt; a benchmark's question takes the template."""
+    if problem.prompt is not None:
+        from minisparse.data.datasets import render_prompt
+
+        return render_prompt(problem.prompt, tokenizer)
+    return prompt_token_ids(tokenizer, problem.question, template)
+
+
 # ------------------------------------------------------------------------------ metrics
 
 
@@ -102,6 +112,18 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def accuracy_ci95(per_problem: Sequence[float]) -> float | None:
+    """Half-width of the 95% interval of the mean accuracy, the problems taken as a sample
+    of their kind (normal approximation over per-problem accuracies: with n samples a
+    problem, c/n each): 0.044 for 500 problems at 50% with one sample each."""
+    count = len(per_problem)
+    if count < 2:  # no spread to estimate from
+        return None
+    mean = sum(per_problem) / count
+    variance = sum((x - mean) ** 2 for x in per_problem) / (count - 1)
+    return 1.96 * math.sqrt(variance / count)
 
 
 def pass_k_values(n: int) -> list[int]:
@@ -119,6 +141,7 @@ def sample_metrics(records: Sequence[dict], n_samples: int) -> dict:
         "problems": len(correct),
         "samples": total,
         "accuracy": sum(int(r["correct"]) for r in records) / total,
+        "accuracy_ci95": accuracy_ci95([c / n_samples for c in correct.values()]),
         "pass_at_k": {
             f"pass@{k}": sum(pass_at_k(n_samples, c, k) for c in correct.values()) / len(correct)
             for k in pass_k_values(n_samples)
@@ -173,7 +196,7 @@ def _generate_and_grade(
 
     if not problems:  # more ranks than problems
         return [], {"generation_s": 0.0, "generated_tokens": 0, "grading_s": 0.0, "engine": {}}
-    prompts = [prompt_token_ids(tokenizer, p.question, template) for p in problems]
+    prompts = [problem_prompt_ids(tokenizer, p, template) for p in problems]
     start = time.perf_counter()
     outs = engine.generate(prompts, params, progress=progress)
     gen_s = time.perf_counter() - start
@@ -274,8 +297,9 @@ def load_finished(bench_dir: Path, settings: dict) -> dict | None:
 
 
 def protocol_for(name: str, eval_cfg: EvalConfig) -> tuple[int, int]:
-    """(n_samples, max_new_tokens): the config's value when set, else the paper's."""
-    spec = get_spec(name)
+    """(n_samples, max_new_tokens): the config's value when set, else the paper's. `name`
+    is a loaded benchmark's key: a training file's is its stem."""
+    spec = get_spec(name) if name in REGISTRY else TRAINING_FILE
     n, max_new = eval_cfg.n_samples, eval_cfg.max_new_tokens
     return (spec.n_samples if n is None else n,
             spec.max_new_tokens if max_new is None else max_new)
@@ -374,11 +398,17 @@ def flat_metrics(summary: dict, prefix: str = "eval") -> dict[str, float]:
     """{'eval/gsm8k/accuracy': ..., 'eval/average_accuracy': ...} for the training logger."""
     flat = {f"{prefix}/average_accuracy": summary["average_accuracy"]}
     for name, m in summary["benchmarks"].items():
-        for key in ("accuracy", "mean_response_tokens", "truncated_fraction"):
-            flat[f"{prefix}/{name}/{key}"] = m[key]
+        for key in ("accuracy", "accuracy_ci95", "mean_response_tokens", "truncated_fraction"):
+            if m.get(key) is not None:  # one problem has no interval; older results none
+                flat[f"{prefix}/{name}/{key}"] = m[key]
         for key, value in m["pass_at_k"].items():
             flat[f"{prefix}/{name}/{key}"] = value
     return flat
+
+
+def _percent_with_interval(m: dict) -> str:
+    ci = m.get("accuracy_ci95")
+    return f"{100 * m['accuracy']:.1f}" + ("" if ci is None else f" +- {100 * ci:.1f}")
 
 
 def format_table(summary: dict) -> str:
@@ -389,7 +419,7 @@ def format_table(summary: dict) -> str:
     for name, m in summary["benchmarks"].items():
         best_k = list(m["pass_at_k"])[-1]
         rows.append((
-            name, str(m["problems"]), str(m["n_samples"]), f"{100 * m['accuracy']:.1f}",
+            name, str(m["problems"]), str(m["n_samples"]), _percent_with_interval(m),
             f"{100 * m['pass_at_k'][best_k]:.1f} ({best_k})", f"{m['mean_response_tokens']:.0f}",
             f"{100 * m['truncated_fraction']:.1f}%", str(m["grading_timeouts"]),
             f"{m['generation_s']:.1f}", f"{m['tokens_per_s']:.0f}",

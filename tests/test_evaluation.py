@@ -10,6 +10,7 @@ from minisparse.config.schema import RewardConfig
 from minisparse.data.benchmarks import Problem
 from minisparse.evaluation import (
     ResultsMismatchError,
+    accuracy_ci95,
     evaluate,
     flat_metrics,
     format_table,
@@ -62,9 +63,18 @@ def test_sample_metrics_hand_computed():
     assert m["pass_at_k"] == pytest.approx(
         {"pass@1": 0.375, "pass@2": (0.5 + 5 / 6) / 2, "pass@4": 1.0}
     )
+    # per-problem accuracies 0.25 and 0.5: mean 0.375, sample variance 0.03125
+    assert m["accuracy_ci95"] == pytest.approx(1.96 * (0.03125 / 2) ** 0.5)
     assert m["mean_response_tokens"] == pytest.approx(120 / 8)
     assert m["truncated_fraction"] == pytest.approx(0.25)
     assert m["grading_timeouts"] == 1
+
+
+def test_accuracy_interval_hand_values():
+    # 500 problems, one sample each, half right: 1.96 * sqrt(0.25 * 500 / 499 / 500)
+    assert accuracy_ci95([1.0] * 250 + [0.0] * 250) == pytest.approx(0.04387, abs=1e-5)
+    assert accuracy_ci95([1.0] * 10) == 0.0  # every problem solved: no spread
+    assert accuracy_ci95([1.0]) is None  # one problem: no interval
 
 
 def test_boxed_prompt(tokenizer):
@@ -297,3 +307,34 @@ def test_user_prompt_is_the_synthetic_training_row(tokenizer):
     assert question.startswith("What is $") and question.endswith("$?")
     assert prompt_text(tokenizer, question, "user") == row.prompt_text
     assert prompt_token_ids(tokenizer, question, "user") == row.prompt_ids
+
+
+def test_training_file_scores_each_row_with_its_own_prompt(tokenizer, tmp_path):
+    from minisparse.data.benchmarks import load_benchmarks
+
+    templated = ("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    messages = [{"role": "user", "content": "What is 3+3?"}]
+    rows = [{"prompt": templated, "label": "4"},
+            {"prompt": "What is 5+5?", "label": ""},  # no label: training leaves it out too
+            {"prompt": messages, "label": 6}]
+    path = tmp_path / "my_train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    problems = load_benchmarks([str(path)], "unused")
+    assert list(problems) == ["my_train"]  # results are filed under the file's stem
+    assert [(p.index, p.answer) for p in problems["my_train"]] == [(0, "4"), (1, "6")]
+
+    class Recording(ScriptedEngine):
+        def generate(self, prompts, params, progress=False):
+            self.prompts = prompts
+            return super().generate(prompts, params, progress)
+
+    engine = Recording(tokenizer, [["\\boxed{4}"], ["\\boxed{7}"]])
+    summary = evaluate(engine, tokenizer, _eval_cfg(n_samples=1), tmp_path / "out",
+                       problems=problems, progress=False, log=lambda s: None)
+    # the row's own text (no eval template around it), and messages through the chat template
+    assert tokenizer.decode(engine.prompts[0]) == templated
+    chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(engine.prompts[1]) == chat
+    assert summary["benchmarks"]["my_train"]["accuracy"] == 0.5
+    assert engine.calls == [(2, 1, 8192)]  # a training file's protocol: 8,192 tokens
+    assert (tmp_path / "out" / "my_train" / "samples.jsonl").is_file()

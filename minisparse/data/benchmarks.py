@@ -10,6 +10,9 @@ before any generation, and a bad name, file or row raises BenchmarkError naming 
 Generated benchmarks (arithmetic: held-out problems of minisparse.data.synthetic, never in its
 training rows) need no file; their problems follow a Difficulty (the data.synthetic_* keys),
 so a run trained on one difficulty is scored on held-out problems of the same kind.
+A training file (a name ending in .jsonl: {prompt, label} rows as data.path reads them) is
+scored with each row's own prompt, as training renders it: how often the model already
+solves its training problems at the training temperature says whether GRPO has signal.
 """
 from __future__ import annotations
 
@@ -53,6 +56,9 @@ class Problem:
     index: int  # 0-based row number in the benchmark file
     question: str
     answer: str  # ground truth as the grader receives it
+    # A training file's prompt as its row holds it (a string, or chat messages), rendered
+    # as training renders it; None: the question goes through eval's prompt template.
+    prompt: str | list[dict[str, str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,10 +153,26 @@ REGISTRY: dict[str, BenchmarkSpec] = {
 }
 
 
+# A training file's protocol: one sample of up to 8,192 tokens, like the paper's others.
+TRAINING_FILE = BenchmarkSpec("training file", None)
+
+
+def is_training_file(name: str) -> bool:
+    return name.endswith(".jsonl")
+
+
+def benchmark_key(name: str) -> str:
+    """The name results are filed under: a training file's stem, else the name itself."""
+    return Path(name).stem if is_training_file(name) else name
+
+
 def get_spec(name: str) -> BenchmarkSpec:
+    if is_training_file(name):
+        return TRAINING_FILE
     if name not in REGISTRY:
         raise BenchmarkError(
-            f"unknown benchmark '{name}'; known benchmarks: {', '.join(REGISTRY)}"
+            f"unknown benchmark '{name}'; known benchmarks: {', '.join(REGISTRY)}, "
+            f"or a training file (PATH.jsonl)"
         )
     return REGISTRY[name]
 
@@ -168,10 +190,35 @@ def _question_with_hint(question: str, answer: str) -> str:
     return question
 
 
+def load_training_file(path: str, limit: int | None = None) -> list[Problem]:
+    """The first `limit` usable rows of a training file, each with its own prompt; rows
+    training would leave out (no label, no prompt) are left out here too."""
+    from minisparse.data.datasets import DataError, read_rows
+
+    key = benchmark_key(path)
+    if key in REGISTRY:
+        raise BenchmarkError(f"training file {path}: its name '{key}' is a benchmark's; "
+                             f"rename the file")
+    problems: list[Problem] = []
+    try:
+        for prompt, label in read_rows(path):
+            if limit is not None and len(problems) >= limit:
+                break
+            question = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+            problems.append(Problem(key, len(problems), question, label, prompt))
+    except DataError as exc:
+        raise BenchmarkError(f"training file {path}: {exc}") from None
+    if not problems:
+        raise BenchmarkError(f"training file {path} has no usable rows")
+    return problems
+
+
 def load_benchmark(name: str, data_dir: str | Path, limit: int | None = None,
                    level: Difficulty = Difficulty()) -> list[Problem]:
     """The first `limit` problems (all when None) of one benchmark; BenchmarkError if bad.
     level: the difficulty of a generated benchmark's problems."""
+    if is_training_file(name):
+        return load_training_file(name, limit)
     spec = get_spec(name)
     if spec.generate is not None:
         try:
@@ -219,5 +266,5 @@ def load_benchmarks(
 ) -> dict[str, list[Problem]]:
     """Every named benchmark, read in full before any generation starts (level: the
     generated ones' difficulty)."""
-    return {name: load_benchmark(name, data_dir, limit, level)
+    return {benchmark_key(name): load_benchmark(name, data_dir, limit, level)
             for name in parse_benchmark_names(names)}

@@ -178,6 +178,26 @@ def _render(prompt: str | list[dict[str, str]], cfg: DataConfig, tokenizer: Any,
     return text, tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def read_rows(path: str) -> Iterator[tuple[str | list[dict[str, str]], str]]:
+    """(prompt, label) of each usable row of a {prompt, label} file, for scoring a model on
+    it (eval.py); rows training could not use are passed over. A missing file fails."""
+    cfg = DataConfig(path=path)
+    require_data_file(path)
+    for where, record in _iter_records(path, max_line_bytes(cfg)):
+        if record is None:
+            continue
+        try:
+            yield _row(record, cfg, where)
+        except DataError:
+            continue
+
+
+def render_prompt(prompt: str | list[dict[str, str]], tokenizer: Any) -> list[int]:
+    """A row's prompt ids as training renders it with the default data settings (a
+    string as written, chat messages through the chat template)."""
+    return _render(prompt, DataConfig(), tokenizer, "prompt")[1]
+
+
 def _records(cfg: DataConfig) -> Iterator[tuple[str, dict | None]]:
     """(location, record) per row; None for a line too long to read (max_line_bytes)."""
     if cfg.path == "synthetic":
