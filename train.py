@@ -200,7 +200,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
         cfg.log.wandb_project,
         enabled=dist.rank() == 0,
     )
-    logger.drop_after(start)
+    logger.drop_after(start if start else -1)  # from scratch: rollout 0's row is redone too
     # The engine's KV pool is sized from the memory free once the optimizer is off the GPU.
     offload = TrainingStateOffload(train_engine)
     free_training_memory(offload, device, plan.keep_state)
@@ -372,6 +372,19 @@ def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
     metrics.update(flat_metrics(summary))
 
 
+def before_training_eval(run: Run) -> None:
+    """cfg.eval on the starting weights, logged as rollout 0: the curve's first point."""
+    metrics: dict[str, float] = {}
+    with phase("eval", metrics, run.device):
+        eval_phase(run, 0, metrics)
+    metrics = reduce_metrics(metrics)
+    run.logger.log(0, metrics)
+    if dist.rank() == 0:
+        scores = ", ".join(f"{key.split('/')[1]} {100 * value:.1f}%" for key, value in
+                           metrics.items() if key.endswith("/accuracy"))
+        print(f"before training: {scores} ({metrics.get('time/eval_s', 0):.0f} s)", flush=True)
+
+
 def save_phase(run: Run, rollout: int) -> None:
     state = {
         "rollout": rollout,
@@ -395,6 +408,8 @@ def train(run: Run, signals: StopOnSignal) -> int | None:
     """The rollouts left; None when all ran, else the rollout after which a SIGTERM
     stopped the run (saved, so the same command resumes after it)."""
     cfg = run.cfg
+    if cfg.eval_before_training and run.start_rollout == 0:
+        before_training_eval(run)
     rollouts = range(run.start_rollout + 1, cfg.num_rollout + 1)
     bar = _progress(rollouts, cfg.num_rollout, enabled=dist.rank() == 0 and sys.stdout.isatty())
     for rollout in bar:

@@ -288,6 +288,26 @@ def test_eval_metrics_logged_with_training(tmp_path, _minisparse_cache, eval_dir
     assert not (out / "checkpoints").exists()  # save_interval 0: no checkpoints
 
 
+def test_eval_before_training_is_rollout_0_and_redone_only_from_scratch(
+        tmp_path, _minisparse_cache, eval_dir):
+    """eval_before_training scores the starting weights as rollout 0; a resumed run keeps
+    that row and does not score again, a run restarted from scratch replaces it."""
+    out = tmp_path / "before"
+    args = ["--set", "eval_before_training=true", "--set", "save_interval=1",
+            *_eval_args(eval_dir)]
+    res = _train(out, "--set", "num_rollout=1", *args, cache=_minisparse_cache)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "before training: gsm8k " in res.stdout
+    rows = _rows(out)
+    assert [r["rollout"] for r in rows] == [0, 1]
+    assert "eval/gsm8k/accuracy" in rows[0] and "train/pg_loss" not in rows[0]
+    assert (out / "eval" / "rollout_000000" / "gsm8k" / "samples.jsonl").is_file()
+    res = _train(out, "--set", "num_rollout=2", *args, "--resume", cache=_minisparse_cache)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "before training" not in res.stdout
+    assert [r["rollout"] for r in _rows(out)] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("compress", [False, True])
 def test_in_training_eval_is_dense_unless_asked(tmp_path, _minisparse_cache, compress):
     """tiny_rkv's prompts pass its budget at once, so a compressed evaluation compresses

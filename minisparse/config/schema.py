@@ -351,6 +351,9 @@ class Config:
     save_interval: NonNegativeInt = 10
     save_total_limit: Count | None = None  # keep the newest N complete checkpoints; None: all
     eval_interval: NonNegativeInt = 0  # 0: no evaluation during training
+    # Score cfg.eval once before the first rollout too (metrics.jsonl's row of rollout 0),
+    # so every run's curve starts from the model it trained; redone on a fresh start only.
+    eval_before_training: bool = False
     resume: Resume = "auto"
     max_nonfinite_steps: NonNegativeInt = 3
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -25,7 +25,8 @@ RUN_CONFIG = "config.yaml"
 # preflight.check_data_order and train.py's resume check that data themselves.
 RESUMABLE_KEYS = frozenset({
     "data.path", "data.synthetic_size",
-    "num_rollout", "save_interval", "save_total_limit", "eval_interval", "resume",
+    "num_rollout", "save_interval", "save_total_limit", "eval_interval", "eval_before_training",
+    "resume",
     "output_dir", "max_nonfinite_steps", "gpu_memory_gb", "max_tokens_per_gpu",
     "zero_stage", "optimizer_offload", "model.gradient_checkpointing", "model.attention",
     "model.logprob_chunk", "model.liger_kernel", "reward.workers", "reward.timeout_s",
