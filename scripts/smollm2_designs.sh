@@ -1,6 +1,6 @@
 #!/bin/bash
 # Where does compression act through a whole run? Each design (a name, a variant of
-# scripts/smollm2_ablation.sh and train.py overrides) trains SmolLM2-135M-Instruct for
+# scripts/ablation.sh and train.py overrides) trains SmolLM2-135M-Instruct for
 # ROLLOUTS rollouts, every design at once on the machine's GPUs, one seed each; then a
 # table per 10-rollout window of what decides whether a design can test the Sparse-RL
 # corrections: the share of response tokens sampled from a compressed cache
@@ -52,7 +52,7 @@ while read -r name variant overrides; do
     [ -n "$name" ] || continue
     ROOT="$ROOT/$name" SEEDS=1 VARIANTS="$variant" ROLLOUTS=$ROLLOUTS EVAL_EVERY=$ROLLOUTS \
         TRAIN_S=$TRAIN_S GRACE_S=60 PORT=$((PORT + i)) EXTRA="${EXTRA:-} $overrides" \
-        bash scripts/smollm2_ablation.sh > "$ROOT/$name.log" 2>&1 &
+        bash scripts/ablation.sh > "$ROOT/$name.log" 2>&1 &
     runs+=("$ROOT/$name/${variant}_seed1") names+=("$name")
     i=$((i + 1))
 done <<< "$DESIGNS"

@@ -1,4 +1,4 @@
-"""scripts/smollm2_ablation.sh without a GPU: its options, the runs it would start
+"""scripts/ablation.sh without a GPU: its options, the runs it would start
 (--dry-run) and the errors it gives; the runs themselves are train.py's (tests/test_train.py)."""
 import os
 import subprocess
@@ -6,7 +6,7 @@ import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "smollm2_ablation.sh"
+SCRIPT = REPO / "scripts" / "ablation.sh"
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -112,9 +112,9 @@ def test_eval_scores_the_saved_merged_model(runs, _minisparse_cache):
 
 
 def test_the_ablation_script_has_a_lora_variant(tmp_path):
-    """scripts/smollm2_ablation.sh --variants "dense lora": full training against LoRA on
+    """scripts/ablation.sh --variants "dense lora": full training against LoRA on
     SmolLM2's task, LoRA's rank and learning rate from LORA_RANK and LORA_LR."""
-    res = subprocess.run(["bash", "scripts/smollm2_ablation.sh", "--dry-run", "--seeds", "1",
+    res = subprocess.run(["bash", "scripts/ablation.sh", "--dry-run", "--seeds", "1",
                           "--variants", "dense lora", "--root", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=60,
                          env={"PATH": "/usr/bin:/bin", "LORA_RANK": "8", "LORA_LR": "2e-4"})

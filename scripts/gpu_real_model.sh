@@ -1,0 +1,102 @@
+#!/bin/bash
+# The real Qwen2.5-Coder-Instruct models (0.5B, 1.5B) on a GPU: base scores, answer
+# lengths, the training set's pass rate, exactness against transformers, and the dense /
+# R-KV step pair on real weights beside random ones. Each argument is one job, run in
+# order on the GPUs this process sees (CUDA_VISIBLE_DEVICES); start one queue per GPU:
+#
+#   CUDA_VISIBLE_DEVICES=0 bash scripts/gpu_real_model.sh convert:0.5b protocol:0.5b &
+#   CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_real_model.sh greedy:0.5b train:0.5b &
+#   CUDA_VISIBLE_DEVICES=2 bash scripts/gpu_real_model.sh convert:1.5b pair:real &
+#   CUDA_VISIBLE_DEVICES=3 bash scripts/gpu_real_model.sh pair:random exact:1.5b &
+#
+# Jobs (SIZE is 0.5b or 1.5b; a job waits until its model has been converted):
+#   convert:SIZE   the GGUF ($GGUF_DIR/qwen2.5-coder-SIZE-instruct-q4_k_m.gguf, waited for)
+#                  to a bf16 HF folder in $MODELS (python -m minisparse.download --gguf)
+#   protocol:SIZE  eval.py on MATH500 and GSM8K, the paper's protocol (T 0.8, top-p 0.95,
+#                  one sample of up to 8,192 tokens)
+#   greedy:SIZE    the same, greedy
+#   train:SIZE     the first $TRAIN_ROWS rows of the training file ($DATA), its own chat
+#                  prompts, T 1.0 (the training temperature), up to $TRAIN_LEN tokens
+#   exact:SIZE     tests/engine/test_gpu_real_qwen.py: greedy engine tokens = HF generate
+#   pair:real      scripts/dense_vs_sparse.sh: qwen1.5b_rkv and its dense twin, the
+#                  paper's per-GPU batch (256 x 4,096), on the real 1.5B
+#   pair:random    the same on random weights of the Qwen2.5-1.5B shape
+#   ablation:VARIANT  scripts/ablation.sh --family coder1.5b, this one variant (dense,
+#                  rkv_naive, rkv, rkv_geo, snapkv) of seed $SEED on this queue's GPU, up to
+#                  $ROLLOUTS rollouts, stopped (and saved) by the clock time $UNTIL
+#                  (seconds since the epoch; unset: no limit)
+# Results: $ROOT/JOB/ (eval.py's folders, the pair's runs) and $ROOT/JOB.log.
+# Settings (environment): MODELS (/tmp/models), GGUF_DIR (/tmp/files), DATA
+# (data/simplelr_qwen_level3to5.jsonl), EVAL_DIR (data/eval), ROOT (/tmp/real),
+# TRAIN_ROWS (512), TRAIN_LEN (4096), SEED (1), ROLLOUTS (30), UNTIL. On the GPU machine the staged wheels
+# (.stage/deps) are installed first where deepspeed is missing.
+case ${1:-} in -h|--help|"") sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODELS=${MODELS:-/tmp/models}; GGUF_DIR=${GGUF_DIR:-/tmp/files}; ROOT=${ROOT:-/tmp/real}
+DATA=${DATA:-data/simplelr_qwen_level3to5.jsonl}; EVAL_DIR=${EVAL_DIR:-data/eval}
+TRAIN_ROWS=${TRAIN_ROWS:-512}; TRAIN_LEN=${TRAIN_LEN:-4096}
+SEED=${SEED:-1}; ROLLOUTS=${ROLLOUTS:-30}; UNTIL=${UNTIL:-}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$ROOT"
+
+model_dir() { echo "$MODELS/qwen2.5-coder-$1-instruct"; }
+wait_for() {  # path: until it exists (a conversion or a staged file still under way)
+    until [ -e "$1" ]; do sleep 5; done
+}
+evaluate() {  # job size flags...: eval.py on the real model into $ROOT/job
+    local job=$1 size=$2; shift 2
+    wait_for "$(model_dir "$size")/config.json"
+    python3 eval.py --model "$(model_dir "$size")" --data-dir "$EVAL_DIR" --no-progress \
+        --set reward.workers=4 --output "$ROOT/$job" "$@"
+}
+pair() {  # job model
+    ROOT="$ROOT/$1" CONFIG=qwen1.5b_rkv MODEL=$2 DATA=$DATA AT_ONCE=0 \
+        bash scripts/dense_vs_sparse.sh
+}
+
+run_job() {
+    local job=$1 size=${1#*:}
+    case $job in
+        convert:*)
+            local gguf="$GGUF_DIR/qwen2.5-coder-$size-instruct-q4_k_m.gguf"
+            wait_for "$gguf"
+            python3 -m minisparse.download --model "qwen2.5-coder-$size-instruct" \
+                --gguf "$gguf" --out "$MODELS" ;;
+        protocol:*) evaluate "$job" "$size" --benchmarks math500,gsm8k ;;
+        greedy:*) evaluate "$job" "$size" --benchmarks math500,gsm8k --temperature 0 ;;
+        train:*) evaluate "$job" "$size" --benchmarks "$DATA" --limit "$TRAIN_ROWS" \
+                     --temperature 1.0 --top-p 1.0 --max-new-tokens "$TRAIN_LEN" ;;
+        exact:*)
+            wait_for "$(model_dir "$size")/config.json"
+            MINISPARSE_QWEN="$(model_dir "$size")" python3 -m pytest -q -p no:cacheprovider \
+                tests/engine/test_gpu_real_qwen.py ;;
+        pair:real) wait_for "$(model_dir 1.5b)/config.json"; pair "$job" "$(model_dir 1.5b)" ;;
+        pair:random) pair "$job" qwen2.5-1.5b ;;
+        ablation:*)
+            local variants=(dense rkv_naive rkv rkv_geo snapkv) index
+            for index in "${!variants[@]}"; do [ "${variants[$index]}" = "$size" ] && break; done
+            local seconds=$(( ${UNTIL:-0} > 0 ? UNTIL - $(date +%s) : 86400 ))
+            wait_for "$(model_dir 1.5b)/config.json"
+            BASE="$(model_dir 1.5b)" bash scripts/ablation.sh --family coder1.5b \
+                --variants "$size" --seeds "$SEED" --rollouts "$ROLLOUTS" --kv-gb 0 \
+                --micro-tokens 16384 --gpus "${CUDA_VISIBLE_DEVICES:-0}" \
+                --port $((29650 + index)) --train-s "$seconds" --grace-s 60 \
+                --root "$ROOT/ablation" ;;
+        *) echo "unknown job '$job' (see --help)" >&2; return 2 ;;
+    esac
+}
+
+if ! python3 -c "import deepspeed, math_verify" 2>/dev/null; then
+    for part in .stage/deps/p*/; do [ -d "$part" ] && bash "$part/install.sh" "$part"; done
+fi
+for job in "$@"; do
+    name=${job//:/_}
+    start=$(date +%s)
+    echo "$(date +%T) $job: start (GPU ${CUDA_VISIBLE_DEVICES:-all})"
+    run_job "$job" > "$ROOT/$name.log" 2>&1
+    echo "$(date +%T) $job: exit $? after $(( $(date +%s) - start )) s (log $ROOT/$name.log)"
+done
