@@ -271,9 +271,8 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, stats: dict | None = None) -> 
         logger.warning("%s: dropped %d of %d prompts longer than max_prompt_len=%d tokens",
                        cfg.path, dropped, left_out.usable, cfg.max_prompt_len)
     if not rows:
-        raise DataError(f"{cfg.path}: no usable prompts ({left_out.usable} usable rows, "
-                        f"all {dropped} longer than max_prompt_len={cfg.max_prompt_len} "
-                        f"tokens)")
+        raise DataError(f"{cfg.path}: no usable prompts: all {dropped} usable rows are "
+                        f"longer than max_prompt_len={cfg.max_prompt_len} tokens")
     if stats is not None:
         stats.update(rows=left_out.rows, kept=len(rows), left_out=left_out.total,
                      dropped_too_long=dropped)

@@ -74,6 +74,10 @@ def test_long_prompts_dropped_and_counted(tmp_path, tok, caplog):
     assert [r.label for r in kept] == ["1", "3"] and [r.index for r in kept] == [0, 2]
     assert stats == {"rows": 3, "kept": 2, "left_out": 0, "dropped_too_long": 1}
     assert "dropped 1 of 3 prompts longer than max_prompt_len=20" in caplog.text
+    with pytest.raises(DataError) as info:
+        load_prompts(dataclasses.replace(cfg, max_prompt_len=1), tok)
+    assert str(info.value) == (f"{cfg.path}: no usable prompts: all 3 usable rows are longer "
+                               f"than max_prompt_len=1 tokens")
 
 
 @pytest.mark.parametrize("line,message", [
