@@ -25,23 +25,31 @@ with one line a run whose settings cannot fit.
 
 from __future__ import annotations
 
+import os
+import signal
+
+if __name__ == "__main__":  # Ctrl-C while the libraries below import (~2 s): no traceback
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
+
 import argparse
 import copy
-import os
 import random
 import sys
 import time
+import traceback
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
 import torch
 
-from minisparse.config.cli import RawEpilogHelpFormatter, add_config_args, config_from_args
+from minisparse.config.cli import (RawEpilogHelpFormatter, add_config_args, config_from_args,
+                                   exit_with_error, first_process)
 from minisparse.config.load import check_training_config, config_to_dict
 from minisparse.config.schema import Config, ConfigError
+from minisparse.compression import RuleError
 from minisparse.compression.trigger import check_compression_reach
 from minisparse.data.benchmarks import BenchmarkError
 from minisparse.data.datasets import DataError, PromptRow, PromptSampler, load_prompts
@@ -117,6 +125,7 @@ class Run:
     current_rollout: int = 0  # the rollout under way (0: none yet), for a stop's report
     merged: MergedWeights | None = None  # LoRA: the merged weights the engine samples with
     nonfinite_steps: int = 0
+    data_metrics: dict[str, float] = field(default_factory=dict)  # rows read, left out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args() -> tuple[Config, argparse.Namespace]:
     args = build_parser().parse_args()
     if args.config is None and not args.print_config:
-        print(no_config_message(), file=sys.stderr)
+        if first_process():
+            print(no_config_message(), file=sys.stderr)
         raise SystemExit(2)
     return config_from_args(args, checks=[check_compression_reach, check_training_config]), args
 
@@ -227,6 +237,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
         start_rollout=start,
         nonfinite_steps=nonfinite,
         merged=merged,
+        data_metrics=checked.left_out.metrics(),
     )
 
 
@@ -436,6 +447,7 @@ def train(run: Run, signals: StopOnSignal) -> int | None:
         metrics.update(perf_metrics(run, batch, metrics))
         metrics.update(plan_metrics(run.plan, batch, cfg.num_steps_per_rollout, steps_done))
         metrics.update(step_metrics(metrics, time.perf_counter() - started))
+        metrics.update(run.data_metrics)
 
         metrics = reduce_metrics(metrics)
         metrics.update(plan_errors(metrics))  # measured / planned peaks - 1
@@ -495,15 +507,14 @@ def main() -> None:
     try:
         finished = finished_message(cfg)
     except ConfigError as exc:  # the folder's finished run trained other settings
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with_error(str(exc))
     if finished:
-        if int(os.environ.get("RANK", "0")) == 0:
+        if first_process():
             print(finished)
         return
     started = time.perf_counter()
     # from here SIGTERM and Ctrl-C stop set-up at once; training: see trainer/stop.py
-    signals = StopOnSignal(speak=int(os.environ.get("RANK", "0")) == 0)
+    signals = StopOnSignal(speak=first_process())
     run = None
     try:
         run = setup_and_report(cfg, args)
@@ -513,6 +524,11 @@ def main() -> None:
             minutes = (time.perf_counter() - started) / 60
             print(end_report(cfg, minutes) if stopped is None
                   else stop_report(cfg, stopped, minutes), flush=True)
+    except RuleError as exc:  # the compression rule failed: one line naming it
+        if cfg.log.verbose:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     except BaseException:
         if signals.interrupted is None:  # not a stop: the error as it is
             raise
@@ -536,8 +552,7 @@ def setup_and_report(cfg: Config, args: argparse.Namespace) -> Run:
         run = setup(cfg, resume_required=args.resume)
     except (ConfigError, DataError, BenchmarkError, CheckpointError, PreflightError,
             RunLockError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with_error(str(exc))
     if dist.rank() == 0:
         longest = max(len(r.prompt_ids) for r in run.rows)
         print(start_report(cfg, args.config, args.overrides, str(run.device),

@@ -21,6 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from minisparse.config.schema import DataConfig
+from minisparse.data.datasets import check_row
+from minisparse.data.left_out import LeftOut, UnusableRow
 from minisparse.data.sources import (LABEL_FIELDS, PROMPT_FIELDS, Source, find_source,
                                      known_sources, simplerl)
 
@@ -80,19 +83,24 @@ def _pick(columns: dict, wanted: str | None, candidates: tuple[str, ...], what: 
                      f"pass --{what}-field")
 
 
-def _label(value: Any) -> str:
-    """Answers as strings; a one-element list (olympiadbench style) is unwrapped."""
+def _label(value: Any) -> str | None:
+    """Answers as strings; a one-element list (olympiadbench style) is unwrapped, and a
+    missing one stays None (the row is then dropped as one without a label)."""
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f"unsupported label {value!r:.80}")
     return str(value)
 
 
 def write_jsonl(dataset, out_file: Path, source: Source, prompt_field: str | None = None,
-                label_field: str | None = None) -> tuple[int, int]:
+                label_field: str | None = None) -> tuple[int, int, LeftOut]:
     """Rows as {"prompt", "label"} JSONL (the set's prompt rewriting applied), written to
-    a temp file then renamed; (rows written, repeated rows dropped)."""
+    a temp file then renamed: only rows a run can train on (an empty label, for one, is
+    dropped: data/datasets.py's check_row). (rows written, repeated rows dropped, the
+    rows dropped as unusable by reason)."""
     first = dataset[0]
     prompt_key = _pick(first, prompt_field, source.prompt_fields, "prompt")
     label_key = _pick(first, label_field, source.label_fields, "label")
@@ -100,15 +108,22 @@ def write_jsonl(dataset, out_file: Path, source: Source, prompt_field: str | Non
     tmp = out_file.with_suffix(out_file.suffix + ".tmp")
     seen: set[str] = set()
     count = repeated = 0
+    left_out, columns = LeftOut(), DataConfig()
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
             for index, row in enumerate(dataset):
                 prompt = _get(row, prompt_key)
+                left_out.rows += 1
                 try:
                     record = {"prompt": source.prompt(prompt) if source.prompt else prompt,
                               "label": _label(_get(row, label_key))}
                 except ValueError as exc:
                     raise ValueError(f"row {index}: {exc}") from None
+                try:
+                    check_row(record, columns, f"row {index}")
+                except UnusableRow as exc:
+                    left_out.add(exc.reason, f"row {index}")
+                    continue
                 line = json.dumps(record, ensure_ascii=False)
                 if source.dedupe:
                     if line in seen:
@@ -120,7 +135,7 @@ def write_jsonl(dataset, out_file: Path, source: Source, prompt_field: str | Non
         tmp.replace(out_file)
     finally:
         tmp.unlink(missing_ok=True)
-    return count, repeated
+    return count, repeated, left_out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,12 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dataset = load_rows(source, args.source, args.split)
         out_file = Path(args.out) / f"{args.dataset}.jsonl"
-        count, repeated = write_jsonl(dataset, out_file, source, args.prompt_field,
-                                      args.label_field)
+        count, repeated, left_out = write_jsonl(dataset, out_file, source, args.prompt_field,
+                                                args.label_field)
     except (OSError, ValueError) as exc:
         print(f"download error: {exc}", file=sys.stderr)
         return 1
-    notes = [f"{repeated} repeated rows dropped"] if repeated else []
+    notes = left_out.dropped() + ([f"{repeated} repeated rows dropped"] if repeated else [])
     if source.prompt is not None:
         notes.append("prompts end in the \\boxed{} instruction")
     print(f"wrote {count} rows to {out_file}" + (f" ({'; '.join(notes)})" if notes else ""))

@@ -152,6 +152,9 @@ def plot_runs(runs: dict[str, list[dict]], out: str | Path, window: int = 1,
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         _flat_range(ax)
+        if not ax.lines:  # an empty panel says why rather than look like a failed plot
+            ax.text(0.5, 0.5, _not_logged(curves), ha="center", va="center",
+                    transform=ax.transAxes, fontsize=9, color="0.4", wrap=True)
     for ax in axes.flat[len(PANELS):]:
         ax.set_visible(False)
     # One legend for the figure, outside every panel, so it covers no line.
@@ -165,6 +168,13 @@ def plot_runs(runs: dict[str, list[dict]], out: str | Path, window: int = 1,
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+def _not_logged(curves: tuple[tuple[str, str], ...]) -> str:
+    """The note of a panel no run logged a metric of."""
+    if any(key.startswith("eval/") for key, _ in curves):
+        return "no in-training evaluation in these runs\n(eval_interval: 0)"
+    return "not logged by these runs"
 
 
 def _flat_range(ax) -> None:

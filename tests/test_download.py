@@ -42,6 +42,27 @@ def test_parquet_dir_layout_to_jsonl(tmp_path, capsys):
     assert [r.label for r in loaded] == ["7", "\\frac{1}{2}", "4"]
 
 
+def test_only_rows_a_run_can_train_on_are_written(tmp_path, capsys):
+    """The paper's file as published holds rows with an empty label; they are dropped,
+    and counted by reason, as repeated rows are."""
+    import pandas as pd
+
+    bad = [{"question": "Which of these is prime?", "gt_answer": "", "level": 5},
+           {"question": "How many?", "gt_answer": None, "level": 4},
+           {"question": "  ", "gt_answer": "3", "level": 3}]
+    subset = tmp_path / "src" / "simplelr_test"
+    subset.mkdir(parents=True)
+    pd.DataFrame([ROWS[0], *bad, *ROWS[1:]]).to_parquet(subset / "train.parquet")
+    out = tmp_path / "out"
+    assert download.main(["--dataset", "simplelr_test", "--out", str(out),
+                          "--source", str(tmp_path / "src")]) == 0
+    rows = read_jsonl(out / "simplelr_test.jsonl")
+    assert rows == [{"prompt": r["question"], "label": r["gt_answer"]} for r in ROWS]
+    assert capsys.readouterr().out == (
+        f"wrote 3 rows to {out / 'simplelr_test.jsonl'} (2 rows without a label dropped; "
+        f"1 row with an empty prompt dropped)\n")
+
+
 @pytest.mark.parametrize("config", ["qwen3b_rkv", "llama1b_rkv"])
 def test_paper_config_reads_what_the_download_command_writes(tmp_path, monkeypatch, config):
     """`--dataset NAME --out data/` (run in the checkout) writes the config's data.path,

@@ -68,6 +68,14 @@ def test_panels_hold_the_runs_that_logged_them(tmp_path):
     assert list(reward.lines[1].get_ydata()) == [0.25]
     tis = axes["TIS truncated (-) / RS rejected (--) token fraction"]
     assert [list(line.get_ydata()) for line in tis.lines] == [[0.3], [0.1]]
+    assert not tis.texts  # a panel with curves needs no note
+    # a panel no run logged says why instead of standing empty
+    held_out = axes["held-out accuracy (in-training eval)"]
+    assert not held_out.lines
+    assert [t.get_text() for t in held_out.texts] == [
+        "no in-training evaluation in these runs\n(eval_interval: 0)"]
+    assert [t.get_text() for t in axes["mismatch KL(sampler || dense), per token"].texts] == [
+        "not logged by these runs"]
 
 
 def test_errors_name_the_problem(tmp_path, capsys):

@@ -208,8 +208,9 @@ def test_bad_paths_fail_before_training(tmp_path, _minisparse_cache):
     res = _train(
         tmp_path / "d", "--set", "data.path=/nonexistent/data.jsonl", cache=_minisparse_cache
     )
-    assert res.returncode == 2 and "no such file: /nonexistent/data.jsonl" in res.stderr
-    assert "python -m minisparse.download --dataset data --out /nonexistent/" in res.stderr
+    assert res.returncode == 2
+    # a file of the user's own: no download to suggest (there is no set called "data")
+    assert res.stderr == "error: data.path: no such file: /nonexistent/data.jsonl\n"
     assert not (tmp_path / "m" / "metrics.jsonl").exists()
 
 
@@ -223,8 +224,10 @@ def broken_model(tmp_path_factory) -> Path:
 
 
 BAD_INPUTS = {
-    "malformed line": ('{"prompt": "a", "label": "1"}\n{"prompt": "b",\n', [],
-                       "bad.jsonl:2: invalid JSON"),
+    "malformed line, data.strict": ('{"prompt": "a", "label": "1"}\n{"prompt": "b",\n',
+                                    ["data.strict=true"], "bad.jsonl:2: invalid JSON"),
+    "no usable row": ('{"prompt": "a", "label": ""}\n{"prompt": "b",\n', [],
+                      "bad.jsonl: no usable rows: all 2 left out (1 without a label"),
     "empty file": ("", [], "bad.jsonl: no rows (empty file)"),
     "missing key": ('{"prompt": "a", "label": "1"}\n', ["data.input_key=question"],
                     "bad.jsonl:1: missing key 'question' (keys present: label, prompt)"),
@@ -399,6 +402,19 @@ def test_a_signal_during_set_up_stops_at_once_in_one_line(tmp_path, _minisparse_
     assert not (out / "metrics.jsonl").exists()
 
 
+def test_ctrl_c_while_the_libraries_import_exits_130_without_a_traceback(tmp_path,
+                                                                         _minisparse_cache):
+    """The first seconds go to importing torch, transformers and DeepSpeed; a Ctrl-C then
+    printed a KeyboardInterrupt traceback."""
+    proc = subprocess.Popen(_cmd(tmp_path / "out"), cwd=REPO, env=_env(_minisparse_cache),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # the imports take seconds
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+
+
 def test_ctrl_c_in_training_names_the_checkpoint_and_the_command_that_resumes(
         tmp_path, _minisparse_cache):
     """Ctrl-C stops at once, without a traceback, exit 130: one line names the newest
@@ -468,6 +484,76 @@ def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
     metrics = json.loads((out / "eval" / "rollout_000001" / "gsm8k" / "metrics.json").read_text())
     assert metrics["metrics"]["ranks"] == 2
     assert rows[0]["eval/gsm8k/mean_response_tokens"] == metrics["metrics"]["mean_response_tokens"]
+
+
+UNUSABLE_ROWS = ('{"prompt": "What is 1 + 1?", "label": "2"}\n'
+                 '{"prompt": "Which of these is prime?", "label": ""}\n'
+                 '{"prompt": "What is 2 + 3?", "label": "5"}\n'
+                 '{"prompt": "What is 4 - 1?", "label": "3"}\n'
+                 '{"prompt": "What is 2 * 3?", "label": "6"}\n')
+
+
+def test_rows_without_a_label_are_left_out_in_one_line_and_recorded(tmp_path,
+                                                                     _minisparse_cache):
+    """The paper's file has such rows, and a run refused it whole; now the run says so
+    first, trains on the rest and records the count with its metrics."""
+    data, out = tmp_path / "d.jsonl", tmp_path / "run"
+    data.write_text(UNUSABLE_ROWS)
+    res = _train(out, "--set", f"data.path={data}", "--set", "num_rollout=1", "--set",
+                 "save_interval=0", "--set", "log.tensorboard=false", cache=_minisparse_cache)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.splitlines()[0] == (
+        f"data: 1 of 5 rows left out (cannot be trained on): 1 without a label (first: "
+        f"{data}:2); data.strict=true stops at such a row instead")
+    (row,) = _rows(out)
+    assert (row["data/rows"], row["data/rows_left_out"]) == (5.0, 1.0)
+
+
+def test_a_data_error_is_said_once_under_torchrun(tmp_path, _minisparse_cache):
+    """Every rank checks the same file: the line came once per process. Rank 0 says it;
+    every rank exits 2 (torchrun then reports the failure itself, exit 1)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(UNUSABLE_ROWS)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", _free_port(), "train.py", *BASE, "--set", f"data.path={data}",
+           "--set", "data.strict=true", "--set", f"output_dir={tmp_path / 'out'}"]
+    res = subprocess.run(cmd, check=False, cwd=REPO, env=_env(_minisparse_cache),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {data}:2: label is empty ('')"], res.stderr[-3000:]
+    assert res.stderr.count("exitcode  : 2") == 2  # both ranks, as torchrun reports them
+    assert res.stdout == ""
+
+
+REFUSES_FP16 = """
+import runpy, sys
+import deepspeed.accelerator.cpu_accelerator as cpu
+cpu.CPU_Accelerator.is_fp16_supported = lambda self: False  # as on an AMD EPYC
+sys.argv, sys.path[0] = sys.argv[1:], "."  # as `python train.py ...` in the repo
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_float16_on_a_cpu_deepspeed_refuses_it_is_one_line(tmp_path, _minisparse_cache):
+    """DeepSpeed's CPU accelerator takes float16 only with AVX512-FP16 or AMX (this test
+    makes it say no, as it does on an AMD EPYC): deepspeed.initialize's traceback became
+    the pre-flight's line."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU DeepSpeed's accelerator is CUDA's, not the CPU's")
+    wrapper = tmp_path / "no_fp16.py"
+    wrapper.write_text(REFUSES_FP16)
+    cmd = _cmd(tmp_path / "out", "--set", "model.dtype=float16", "--set", "zero_stage=3")
+    res = subprocess.run([sys.executable, str(wrapper), *cmd[1:]], cwd=REPO,
+                         env=_env(_minisparse_cache), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 2
+    assert res.stderr == (
+        "error: model.dtype=float16: DeepSpeed's cpu accelerator does not train in float16 on "
+        "this machine (its CPU has no AVX512-FP16 or AMX); use --set model.dtype=bfloat16 or "
+        "--set model.dtype=float32\n")
 
 
 def test_a_stale_extension_lock_does_not_hang_the_run(tmp_path, _minisparse_cache):
@@ -553,7 +639,7 @@ def test_a_second_run_in_the_same_folder_exits_2_naming_the_first(tmp_path, _min
 def test_greedy_training_is_a_config_error(tmp_path, _minisparse_cache):
     res = _train(tmp_path / "g", "--set", "temperature=0", cache=_minisparse_cache)
     assert res.returncode == 2 and len(res.stderr.splitlines()) == 1
-    assert res.stderr.startswith("config error: config key 'temperature' is 0 (greedy): the "
+    assert res.stderr.startswith("error: config key 'temperature' is 0 (greedy): the "
                                  "n_samples_per_prompt samples of a prompt would all be the same")
 
 
@@ -594,7 +680,7 @@ def test_no_config_lists_the_shipped_configs_and_exit_2():
 def test_compression_that_never_runs_is_a_config_error(tmp_path, _minisparse_cache):
     res = _train(tmp_path / "c", "--set", "compress.budget=400", cache=_minisparse_cache)
     assert res.returncode == 2
-    assert res.stderr.startswith("config error: compression never runs: with "
+    assert res.stderr.startswith("error: compression never runs: with "
                                  "compress.budget 400 and compress.divide_length 8")
 
 

@@ -25,6 +25,11 @@ from .scoring import position_mask
 DEFAULT_CHUNK_BYTES = 1 << 30
 
 
+class RuleError(RuntimeError):
+    """A rule's score_batch raised, or returned what cannot be ranked: one line naming the
+    rule (compress.algorithm) and what was wrong, said when a rollout compresses."""
+
+
 class ScoringRule:
     """A KV-cache compression rule: subclasses say how each cached token scores
     (score_batch, higher = keep); this class selects by those scores.
@@ -112,7 +117,7 @@ class ScoringRule:
         _check(length > self.window, "keys", f"need more than window={self.window} tokens")
         lengths = torch.tensor([length], device=keys.device)
         queries = _unsqueeze(queries) if self.uses_queries else None
-        scores = self.score_batch(keys.unsqueeze(0), queries, lengths)
+        scores = self._scores(keys.unsqueeze(0), queries, lengths)
         return scores[0, :, : length - self.window]
 
     def select_batch(
@@ -179,7 +184,7 @@ class ScoringRule:
         """Top budget - W older tokens by score (from protected[b] on) plus the last W
         tokens, sorted."""
         rows, h_kv, lmax, _ = keys.shape
-        scores = self.score_batch(keys, queries if self.uses_queries else None, lengths)
+        scores = self._scores(keys, queries if self.uses_queries else None, lengths)
         older = position_mask(lengths - self.window, lmax) & ~position_mask(protected, lmax)
         older = older[:, None, :]
         scores = scores.masked_fill(~older, float("-inf"))
@@ -189,6 +194,25 @@ class ScoringRule:
         recent = torch.arange(self.window, device=keys.device) - self.window
         recent = (lengths[:, None] + recent).unsqueeze(1).expand(rows, h_kv, -1)
         return torch.cat([top, recent], dim=-1).sort(dim=-1).values
+
+    def _scores(self, keys: torch.Tensor, queries: torch.Tensor | None,
+                lengths: torch.Tensor) -> torch.Tensor:
+        """score_batch's scores, or RuleError naming the rule when it raises or returns
+        anything but floating-point scores [B, H_kv, Lmax], one per cached key."""
+        rule = f"{_setting(self.cfg.algorithm)}: {type(self).__name__}.score_batch"
+        try:
+            scores = self.score_batch(keys, queries, lengths)
+        except Exception as exc:
+            raise RuleError(f"{rule} raised {type(exc).__name__}: {exc}") from exc
+        want = tuple(keys.shape[:3])
+        if not isinstance(scores, torch.Tensor):
+            raise RuleError(f"{rule} returned {type(scores).__name__}, not a tensor of "
+                            f"scores [B, H_kv, Lmax] = {list(want)}")
+        if tuple(scores.shape) != want or not scores.is_floating_point():
+            raise RuleError(f"{rule} returned {scores.dtype} scores of shape "
+                            f"{list(scores.shape)}; keys {list(keys.shape)} need floating-"
+                            f"point scores [B, H_kv, Lmax] = {list(want)}, one per cached key")
+        return scores
 
     def _check_single(self, keys: torch.Tensor, queries: torch.Tensor | None) -> None:
         """One row's shapes: keys [H_kv, L, D], queries [H_q, W, D] or None."""

@@ -4,9 +4,11 @@ choices, range, default and help all come from the key's field and HELP entry.""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import typing
 from collections.abc import Callable, Iterable, Sequence
+from typing import NoReturn
 
 from minisparse.config.load import (dump_config, key_default, leaf_type, load_config,
                                     range_rules)
@@ -36,17 +38,31 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def first_process() -> bool:
+    """Whether this process speaks for the run: torchrun's rank 0 (its RANK, set before
+    the process group starts), or a process started alone."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def exit_with_error(message: str, code: int = 2) -> NoReturn:
+    """One 'error: ...' line on stderr, then exit `code`. Under torchrun every process
+    meets the same input error (each checks the same config and files, or takes rank 0's
+    verdict), so the first alone says it and the others exit with the same code quietly."""
+    if first_process():
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
 def config_from_args(args: argparse.Namespace,
                      checks: Sequence[Callable[[Config], None]] = ()) -> Config:
-    """Resolved Config; exits 2 with 'config error: ...' on a bad config (or one that a
+    """Resolved Config; exits 2 with 'error: ...' on a bad config (or one that a
     command's own `checks` reject), 0 after printing."""
     try:
         cfg = load_config(args.config, args.overrides)
         for check in checks:
             check(cfg)
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_with_error(str(exc))
     if args.print_config:
         print(dump_config(cfg), end="")
         raise SystemExit(0)

@@ -139,8 +139,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
                 value = float(value)
             except ValueError:
                 pass
-        if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and math.isfinite(value):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"config key '{key}' expects a finite number, got {value}")
             return float(value)
     elif inner is str or _is_choice(inner):  # choices are checked by validate_config
         if isinstance(value, str):

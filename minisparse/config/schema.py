@@ -151,6 +151,10 @@ class DataConfig:
     # Prompts that are already lists of messages always get the template.
     apply_chat_template: bool = False
     max_prompt_len: Count = 1024  # longer prompts are dropped (and counted in the log)
+    # Rows no run can train on (an empty, NaN or infinite label, an empty prompt, bytes that
+    # are not UTF-8, invalid JSON, a line too long to hold a prompt that fits) are left out
+    # and counted in one line before any model loads; true: the first one stops the run.
+    strict: bool = False
     synthetic_size: Count = 512  # rows generated when path == "synthetic"
     # The generated problems' difficulty (data/synthetic.py): operands of + and - up to
     # synthetic_max_operand (factors of x: 2..30, capped there), the operators drawn from,

@@ -3,7 +3,10 @@
 A row is {input_key: prompt, label_key: answer}. The prompt is either a string (the
 SimpleRL Qwen file ships it with the chat template already applied) or a list of chat
 messages (the Llama file), which always goes through the tokenizer's chat template.
-Bad rows fail loudly with file:line, because a silently skipped row changes the run.
+A row no run can train on (data/left_out.py) is left out and counted, and the run says
+so in one line naming file:line; data.strict stops at it instead. A row that does not
+fit the data.* keys (a missing key, a prompt or label of another type) always stops the
+run with file:line: the settings, not the row, are wrong.
 """
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from minisparse.config.schema import DataConfig
+from minisparse.data.left_out import (NO_LABEL, NO_PROMPT, NOT_FINITE, NOT_JSON, NOT_UTF8,
+                                      TOO_LONG, LeftOut, UnusableRow)
+from minisparse.data.sources import find_source
 from minisparse.data.synthetic import Difficulty, synthetic_rows
 
 logger = logging.getLogger(__name__)
@@ -40,23 +46,24 @@ class PromptRow:
 
 def require_data_file(path: str) -> None:
     """Fail before any model loads when the training file is missing, naming the command
-    that writes it (minisparse.download writes OUT/DATASET.jsonl)."""
+    that writes it when it is a set the downloader knows by name (minisparse.download
+    writes OUT/DATASET.jsonl); a file of the user's own gets no such advice."""
     if path == "synthetic" or os.path.isfile(path):
         return
-    hint = ""
-    if path.endswith(".jsonl"):
-        where = Path(path)
+    hint, where = "", Path(path)
+    if where.suffix == ".jsonl" and find_source(where.stem) is not None:
         hint = (f"; fetch it with: python -m minisparse.download --dataset {where.stem} "
                 f"--out {where.parent}/")
     raise DataError(f"data.path: no such file: {path}{hint}")
 
 
-# A line over a bound derived from data.max_prompt_len is dropped unread, as an over-long
-# prompt is, so one huge line costs a skip, not the minutes and gigabytes of tokenizing it
-# whole (a 40 MB line took 103 s and 9.8 GB) only to drop it as too long. 64 bytes a token is far above any
-# real prompt (English runs ~4 bytes a token; JSON's \uXXXX escapes 6-12 bytes a
-# character, about a token each), and 1 MiB more leaves room for the label and the row's
-# other keys (a reward plug-in's metadata, such as a problem's test cases).
+# A line over a bound derived from data.max_prompt_len is left out unread, as an over-long
+# prompt is dropped, so one huge line costs a skip, not the minutes and gigabytes of
+# tokenizing it whole (a 40 MB line took 103 s and 9.8 GB) only to drop it as too long.
+# 64 bytes a token is far above any real prompt (English runs ~4 bytes a token; JSON's
+# \uXXXX escapes 6-12 bytes a character, about a token each), and 1 MiB more leaves room
+# for the label and the row's other keys (a reward plug-in's metadata, such as a
+# problem's test cases).
 LINE_BYTES_PER_TOKEN = 64
 LINE_SLACK_BYTES = 1 << 20
 SKIP_CHUNK_BYTES = 1 << 20  # an over-long line is read past in pieces of this size
@@ -83,31 +90,39 @@ def _decode(line: bytes, where: str) -> str:
     try:
         return line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(f"{where}: not UTF-8 text (byte 0x{line[exc.start]:02x} at byte "
-                        f"{exc.start + 1} of the line)") from None
+        raise UnusableRow(f"{where}: not UTF-8 text (byte 0x{line[exc.start]:02x} at byte "
+                          f"{exc.start + 1} of the line)", NOT_UTF8) from None
 
 
 def _parse(text: str, where: str) -> dict:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
+        raise UnusableRow(f"{where}: invalid JSON ({exc.msg})", NOT_JSON) from None
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
     return record
 
 
-def _iter_records(path: str, limit: int) -> Iterator[tuple[str, dict | None]]:
-    """(location, record) per non-blank line; location is 'file:line' for messages. The
-    record is None for a line over `limit` bytes, left unread (see max_line_bytes)."""
+Record = dict | UnusableRow  # a row's JSON object, or why the line holds none
+
+
+def _iter_records(path: str, limit: int) -> Iterator[tuple[str, Record]]:
+    """(location, record) per non-blank line; location is 'file:line' for messages. A line
+    over `limit` bytes is left unread (see max_line_bytes)."""
     try:
         with open(path, "rb") as handle:
             for lineno, line in enumerate(_lines(handle, limit), start=1):
                 where = f"{path}:{lineno}"
                 if line is None:
-                    yield where, None
-                elif (text := _decode(line, where)).strip():
-                    yield where, _parse(text, where)
+                    yield where, UnusableRow(f"{where}: the line is over {limit} bytes, the "
+                                             f"bound for data.max_prompt_len", TOO_LONG)
+                    continue
+                try:
+                    if (text := _decode(line, where)).strip():
+                        yield where, _parse(text, where)
+                except UnusableRow as exc:
+                    yield where, exc
     except OSError as exc:
         raise DataError(f"cannot read dataset file {path}: {exc}") from None
 
@@ -120,16 +135,19 @@ def _field(record: dict, key: str, where: str) -> Any:
 
 
 def _label(value: Any, where: str) -> str:
-    """Numbers become strings (amc23-style numeric answers); anything else is an error, and
-    so are an empty label and NaN or infinity (JSON's NaN, Infinity): no response could
-    match them, so their rows would only ever earn zero reward."""
+    """Numbers become strings (amc23-style numeric answers). An empty or null label and
+    NaN or infinity (JSON's NaN, Infinity, or the text "nan" a NaN becomes as a string)
+    make the row unusable: no response could match them, so it would only ever earn zero
+    reward. Any other type is an error."""
+    if value is None or isinstance(value, str) and not value.strip():
+        raise UnusableRow(f"{where}: label is empty ({value!r})", NO_LABEL)
     if isinstance(value, str):
-        if not value.strip():
-            raise DataError(f"{where}: label is empty ({value!r})")
+        if value.strip().lower() in ("nan", "+nan", "-nan"):
+            raise UnusableRow(f"{where}: label is {value!r}, not a number", NOT_FINITE)
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(value):
-            raise DataError(f"{where}: label is {value!r}, not a finite number")
+            raise UnusableRow(f"{where}: label is {value!r}, not a finite number", NOT_FINITE)
         return str(value)
     raise DataError(f"{where}: label must be a string or a number, got "
                     f"{type(value).__name__} {value!r:.80}")
@@ -137,33 +155,38 @@ def _label(value: Any, where: str) -> str:
 
 def _check_messages(messages: list, where: str) -> list[dict[str, str]]:
     if not messages:
-        raise DataError(f"{where}: empty message list")
+        raise UnusableRow(f"{where}: empty prompt (an empty message list)", NO_PROMPT)
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) \
                 or not isinstance(msg.get("content"), str):
             raise DataError(f"{where}: message {i} must be an object with string 'role' "
                             f"and 'content', got {msg!r:.80}")
     if not any(msg["content"].strip() for msg in messages):
-        raise DataError(f"{where}: empty prompt (all message contents are blank)")
+        raise UnusableRow(f"{where}: empty prompt (all message contents are blank)",
+                          NO_PROMPT)
     return messages
 
 
-def _row(record: dict, cfg: DataConfig, where: str) -> tuple[str | list[dict[str, str]], str]:
-    """(prompt, label) of one record, checked as far as possible without a tokenizer."""
-    label = _label(_field(record, cfg.label_key, where), where)
-    prompt = _field(record, cfg.input_key, where)
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise DataError(f"{where}: empty prompt")
-    elif isinstance(prompt, list):
+Prompt = str | list[dict[str, str]]
+
+
+def check_row(record: dict, cfg: DataConfig, where: str) -> tuple[Prompt, str]:
+    """(prompt, label) of one record, checked as far as possible without a tokenizer:
+    UnusableRow for a row no run can train on, DataError for one that does not fit the
+    data.* keys. The downloader writes only rows that pass."""
+    value, prompt = _field(record, cfg.label_key, where), _field(record, cfg.input_key, where)
+    label = _label(value, where)
+    if prompt is None or isinstance(prompt, str) and not prompt.strip():
+        raise UnusableRow(f"{where}: empty prompt", NO_PROMPT)
+    if isinstance(prompt, list):
         _check_messages(prompt, where)
-    else:
+    elif not isinstance(prompt, str):
         raise DataError(f"{where}: prompt must be a string or a list of messages, got "
                         f"{type(prompt).__name__}")
     return prompt, label
 
 
-def _render(prompt: str | list[dict[str, str]], cfg: DataConfig, tokenizer: Any,
+def _render(prompt: Prompt, cfg: DataConfig, tokenizer: Any,
             where: str) -> tuple[str, list[int]]:
     """Prompt text and ids. Templated text already holds any BOS token, so special
     tokens are added by the tokenizer only for raw strings."""
@@ -178,28 +201,21 @@ def _render(prompt: str | list[dict[str, str]], cfg: DataConfig, tokenizer: Any,
     return text, tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def read_rows(path: str) -> Iterator[tuple[str | list[dict[str, str]], str]]:
-    """(prompt, label) of each usable row of a {prompt, label} file, for scoring a model on
-    it (eval.py); rows training could not use are passed over. A missing file fails."""
-    cfg = DataConfig(path=path)
-    require_data_file(path)
-    for where, record in _iter_records(path, max_line_bytes(cfg)):
-        if record is None:
-            continue
-        try:
-            yield _row(record, cfg, where)
-        except DataError:
-            continue
+def read_rows(path: str) -> Iterator[tuple[Prompt, str]]:
+    """(prompt, label) of each row of a {prompt, label} file a run could train on, for
+    scoring a model on it (eval.py); the others are left out as training leaves them."""
+    for _, _, _, prompt, label in _usable(DataConfig(path=path), LeftOut()):
+        yield prompt, label
 
 
-def render_prompt(prompt: str | list[dict[str, str]], tokenizer: Any) -> list[int]:
+def render_prompt(prompt: Prompt, tokenizer: Any) -> list[int]:
     """A row's prompt ids as training renders it with the default data settings (a
     string as written, chat messages through the chat template)."""
     return _render(prompt, DataConfig(), tokenizer, "prompt")[1]
 
 
-def _records(cfg: DataConfig) -> Iterator[tuple[str, dict | None]]:
-    """(location, record) per row; None for a line too long to read (max_line_bytes)."""
+def _records(cfg: DataConfig) -> Iterator[tuple[str, Record]]:
+    """(location, record) per row; UnusableRow for a line that holds none."""
     if cfg.path == "synthetic":
         rows = synthetic_rows(cfg.synthetic_size, SYNTHETIC_SEED, Difficulty.from_config(cfg))
         for i, row in enumerate(rows):
@@ -210,35 +226,52 @@ def _records(cfg: DataConfig) -> Iterator[tuple[str, dict | None]]:
         yield from _iter_records(cfg.path, max_line_bytes(cfg))
 
 
-def check_data(cfg: DataConfig) -> int:
-    """Number of rows in cfg.path, each parsed and holding a usable prompt and label;
-    the first bad row (file:line) or an empty file fails. Needs no tokenizer, so a run
-    checks its data before any model loads; load_prompts then only renders."""
-    total = 0
-    for where, record in _records(cfg):
-        if record is not None:  # an over-long line: dropped by load_prompts, saying where
-            _row(record, cfg, where)
-        total += 1
-    if not total:
+def _usable(cfg: DataConfig,
+            left_out: LeftOut) -> Iterator[tuple[int, str, dict, Prompt, str]]:
+    """(index, location, record, prompt, label) of each row a run can train on; the others
+    are counted in `left_out`, or with cfg.strict stop the run (DataError), except a line
+    too long to read: it is dropped as prompts over max_prompt_len are, strict or not."""
+    for index, (where, record) in enumerate(_records(cfg)):
+        left_out.rows += 1
+        try:
+            if isinstance(record, UnusableRow):
+                raise record
+            prompt, label = check_row(record, cfg, where)
+        except UnusableRow as exc:
+            if cfg.strict and exc.reason != TOO_LONG:
+                raise DataError(str(exc)) from None
+            left_out.add(exc.reason, where)
+            continue
+        yield index, where, record, prompt, label
+
+
+def check_data(cfg: DataConfig) -> LeftOut:
+    """The rows of cfg.path and those left out (data/left_out.py), every row parsed and
+    checked; a row that does not fit the data.* keys, an empty file or one without a
+    usable row fails. Needs no tokenizer, so a run checks its data before any model
+    loads; load_prompts then only renders."""
+    left_out = LeftOut()
+    for _ in _usable(cfg, left_out):
+        pass
+    _require_rows(cfg, left_out)
+    return left_out
+
+
+def _require_rows(cfg: DataConfig, left_out: LeftOut) -> None:
+    if not left_out.rows:
         raise DataError(f"{cfg.path}: no rows (empty file)")
-    return total
+    if not left_out.usable:
+        raise DataError(f"{cfg.path}: no usable rows: all {left_out.rows} left out "
+                        f"({left_out.reasons()})")
 
 
 def load_prompts(cfg: DataConfig, tokenizer: Any, stats: dict | None = None) -> list[PromptRow]:
-    """Every row of cfg.path, rendered and tokenized. Prompts over max_prompt_len tokens
-    are dropped and counted (logged, and put in `stats` when given), and so are lines too
-    long to hold a prompt that fits (max_line_bytes), unread."""
+    """Every usable row of cfg.path (check_data says which are not), rendered and
+    tokenized. Prompts over max_prompt_len tokens are dropped and counted (logged, and put
+    in `stats` when given, with the rows read and those left out)."""
     rows: list[PromptRow] = []
-    dropped = total = 0
-    for index, (where, record) in enumerate(_records(cfg)):
-        total += 1
-        if record is None:
-            dropped += 1
-            logger.warning("%s: dropped unread: the line is over %d bytes, the bound for "
-                           "data.max_prompt_len=%d (prompts over max_prompt_len tokens are "
-                           "dropped)", where, max_line_bytes(cfg), cfg.max_prompt_len)
-            continue
-        prompt, label = _row(record, cfg, where)
+    left_out, dropped = LeftOut(), 0
+    for index, where, record, prompt, label in _usable(cfg, left_out):
         text, ids = _render(prompt, cfg, tokenizer, where)
         if len(ids) > cfg.max_prompt_len:
             dropped += 1
@@ -246,13 +279,16 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, stats: dict | None = None) -> 
         extra = {k: v for k, v in record.items() if k not in (cfg.input_key, cfg.label_key)}
         rows.append(PromptRow(prompt_text=text, prompt_ids=list(ids), label=label, index=index,
                               extra=extra))
+    _require_rows(cfg, left_out)
     if dropped:
         logger.warning("%s: dropped %d of %d prompts longer than max_prompt_len=%d tokens",
-                       cfg.path, dropped, total, cfg.max_prompt_len)
+                       cfg.path, dropped, left_out.usable, cfg.max_prompt_len)
     if not rows:
-        raise DataError(f"{cfg.path}: no usable prompts ({total} rows, {dropped} too long)")
+        raise DataError(f"{cfg.path}: no usable prompts: all {dropped} usable rows are "
+                        f"longer than max_prompt_len={cfg.max_prompt_len} tokens")
     if stats is not None:
-        stats.update(rows=total, kept=len(rows), dropped_too_long=dropped)
+        stats.update(rows=left_out.rows, kept=len(rows), left_out=left_out.total,
+                     dropped_too_long=dropped)
     return rows
 
 

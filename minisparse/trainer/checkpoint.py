@@ -138,13 +138,24 @@ def _number(path: Path) -> int:
     return int(NAME.match(path.name).group(1))
 
 
-def complete_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints under output_dir, oldest first."""
+def _checkpoints(output_dir: str | Path, complete: bool) -> list[Path]:
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir() if NAME.match(p.name) and (p / MARKER).is_file()]
-    return sorted(done, key=_number)
+    found = [p for p in root.iterdir()
+             if NAME.match(p.name) and (p / MARKER).is_file() == complete]
+    return sorted(found, key=_number)
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under output_dir, oldest first."""
+    return _checkpoints(output_dir, complete=True)
+
+
+def incomplete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Checkpoint folders without COMPLETE, oldest first: a save cut short by a version
+    that wrote in place, or a checkpoint copied in part. Never resumed from."""
+    return _checkpoints(output_dir, complete=False)
 
 
 def remove_checkpoint(path: Path) -> None:
@@ -317,11 +328,17 @@ def damage(path: Path, hashes: bool = True) -> str | None:
     return state if isinstance(state, str) else None
 
 
+def _unfinished(path: Path) -> str:
+    return f"{path.name} is incomplete (no {MARKER}: its save never finished)"
+
+
 def _none_usable(output_dir: str | Path, required: bool,
                  damaged: list[tuple[Path, str]]) -> str:
     how = "--resume" if required else "resume=auto"
     if not damaged:
-        return f"{how}: no complete checkpoint under {checkpoint_root(output_dir)}"
+        unfinished = [_unfinished(p) for p in incomplete_checkpoints(output_dir)[-1:]]
+        return "; ".join([f"{how}: no complete checkpoint under "
+                          f"{checkpoint_root(output_dir)}", *unfinished])
     (newest, why), older = damaged[0], len(damaged) - 1
     more = f"; {older} older one{'s are' if older > 1 else ' is'} damaged too" if older else ""
     return (f"{how}: no usable checkpoint under {checkpoint_root(output_dir)}: {newest.name} "
@@ -329,15 +346,16 @@ def _none_usable(output_dir: str | Path, required: bool,
 
 
 def usable_checkpoint(output_dir: str | Path, required: bool) -> Path | None:
-    """The newest complete checkpoint without damage; each damaged one after it is named
-    in a line with the one taken instead. None when there is no complete checkpoint and
-    none is `required` (--resume). Only damaged ones: CheckpointError, with --resume or
-    without (starting over would drop the folder's metrics.jsonl rows). Hashes every
-    file of the checkpoints it checks; call it on one rank."""
+    """The newest complete checkpoint without damage; each damaged or incomplete one after
+    it is named in a line with the one taken instead. None when there is no complete
+    checkpoint and none is `required` (--resume). Only damaged ones: CheckpointError,
+    with --resume or without (starting over would drop the folder's metrics.jsonl rows).
+    Hashes every file of the checkpoints it checks; call it on one rank."""
     damaged: list[tuple[Path, str]] = []
     for path in reversed(complete_checkpoints(output_dir)):
         problem = damage(path)
         if problem is None:
+            _name_incomplete(output_dir, path, f"resuming from {path.name}")
             for bad, why in damaged:
                 print(f"checkpoint {bad.name} is damaged ({why}); resuming from {path.name}",
                       flush=True)
@@ -348,18 +366,27 @@ def usable_checkpoint(output_dir: str | Path, required: bool) -> Path | None:
         damaged.append((path, problem))
     if damaged or required:
         raise CheckpointError(_none_usable(output_dir, required, damaged))
+    _name_incomplete(output_dir, None, "starting from the first rollout")
     return None
 
 
-def check_pickles(path: Path) -> None:
+def _name_incomplete(output_dir: str | Path, taken: Path | None, then: str) -> None:
+    """A line for each checkpoint folder without COMPLETE newer than the one `taken`."""
+    for path in incomplete_checkpoints(output_dir):
+        if taken is None or _number(path) > _number(taken):
+            print(f"checkpoint {_unfinished(path)}; {then}", flush=True)
+
+
+def check_pickles(path: Path, way_out: str = "resume from a checkpoint you trust or give "
+                                             "a new output_dir") -> None:
     """Refuse checkpoint `path` when a file that resuming unpickles (the RNG states,
-    DeepSpeed's state files) holds more than tensors and plain data (safe_load.py)."""
+    DeepSpeed's state files) holds more than tensors and plain data (safe_load.py); the
+    message ends with `way_out`."""
     for file in sorted([*path.glob("rng_rank*.pt"), *(path / "ds" / TAG).glob("*.pt")]):
         if reason := unsafe_reason(file):
             raise CheckpointError(
                 f"{file}: not loaded: it holds more than tensors and plain data ({reason}) "
-                f"and unpickling it could run code; resume from a checkpoint you trust or "
-                f"give a new output_dir")
+                f"and unpickling it could run code; {way_out}")
 
 
 def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:

@@ -15,14 +15,18 @@ from minisparse.compression import check_rule
 from minisparse.config.schema import Config, ConfigError
 from minisparse.data.benchmarks import load_benchmarks
 from minisparse.data.datasets import check_data
+from minisparse.data.left_out import LeftOut
 from minisparse.data.synthetic import Difficulty
 from minisparse.data.reward_plugin import load_reward_function
 from minisparse.engine import check_backend
 from minisparse.trainer.checkpoint import (CheckpointError, check_pickles, checkpoint_root,
-                                           remove_stale, trainer_state, usable_checkpoint)
+                                           complete_checkpoints, remove_stale, trainer_state,
+                                           usable_checkpoint)
 from minisparse.trainer.distributed import all_gather_object, rank
+from minisparse.trainer.report import continue_command
 from minisparse.trainer.run_config import record_config, settings_change
 from minisparse.trainer.run_lock import RunLock, hold_output_dir
+from minisparse.trainer.train_engine import unsupported_dtype
 from minisparse.trainer.universal import refusal, saved_world_size
 from minisparse.models.loading import check_model_path
 
@@ -38,6 +42,7 @@ class Checked:
     eval_problems: dict | None  # benchmark name -> problems, when in-training eval is on
     resume_from: Path | None  # the newest complete checkpoint, when the run resumes
     lock: RunLock | None = None  # output_dir held for this run (rank 0's)
+    left_out: LeftOut | None = None  # the data's rows, and those no run can train on
 
 
 def check_run(cfg: Config, world: int, resume_required: bool) -> Checked:
@@ -46,12 +51,16 @@ def check_run(cfg: Config, world: int, resume_required: bool) -> Checked:
     check_backend(cfg)
     check_rule(cfg.compress)
     check_model_path(cfg.model.path)
-    data_rows = check_data(cfg.data)
+    left_out = check_data(cfg.data)
+    if rank() == 0 and (line := left_out.line()):
+        print(line, flush=True)
     if cfg.reward.function:
         load_reward_function(cfg.reward.function)
+    if why := unsupported_dtype(cfg.model.dtype):
+        raise PreflightError(f"model.dtype={cfg.model.dtype}: {why}")
     lock = hold_output_dir(cfg.output_dir)  # this run's alone from here to its exit
     try:
-        return _check_with_folder_held(cfg, world, resume_required, data_rows, lock)
+        return _check_with_folder_held(cfg, world, resume_required, left_out, lock)
     except BaseException:  # a run that stops here leaves the folder free at once
         if lock is not None:
             lock.release()
@@ -59,12 +68,12 @@ def check_run(cfg: Config, world: int, resume_required: bool) -> Checked:
 
 
 def _check_with_folder_held(cfg: Config, world: int, resume_required: bool,
-                               data_rows: int, lock: RunLock | None) -> Checked:
+                            left_out: LeftOut, lock: RunLock | None) -> Checked:
     """What the held output_dir holds (stale temporary folders, the checkpoint to resume
     from), then the evaluation benchmarks."""
     if rank() == 0:
         clear_stale(cfg.output_dir)
-    resume_from = resume_checkpoint(cfg, resume_required, data_rows)
+    resume_from = resume_checkpoint(cfg, resume_required, left_out.usable)
     check_reshard(cfg, resume_from, world)
     if rank() == 0:  # what this run trains with, from here on the folder's (run_config.py)
         record_config(cfg)
@@ -72,7 +81,8 @@ def _check_with_folder_held(cfg: Config, world: int, resume_required: bool,
     if cfg.eval_interval:
         problems = load_benchmarks(cfg.eval.benchmarks, cfg.eval.data_dir, cfg.eval.limit,
                                    Difficulty.from_config(cfg.data))
-    return Checked(eval_problems=problems, resume_from=resume_from, lock=lock)
+    return Checked(eval_problems=problems, resume_from=resume_from, lock=lock,
+                   left_out=left_out)
 
 
 def check_world(cfg: Config, world: int) -> None:
@@ -132,13 +142,25 @@ def resume_checkpoint(cfg: Config, required: bool, data_rows: int) -> Path | Non
     def choose() -> Path | None:
         path = usable_checkpoint(cfg.output_dir, required)
         if path is not None:
-            check_pickles(path)
+            check_pickles(path, older_checkpoint(cfg, path))
             check_data_order(cfg, path, data_rows)
             if why := settings_change(cfg):  # a resume must not go on with another algorithm
                 raise CheckpointError(why)
         return path
 
     return decided_on_rank_0(choose)
+
+
+def older_checkpoint(cfg: Config, refused: Path) -> str:
+    """What to do about a checkpoint refused as unsafe: resume from the complete one
+    before it, with the command that does (the refused one moved aside, out of resume's
+    sight), or start in a new output_dir."""
+    older = [p for p in complete_checkpoints(cfg.output_dir) if p.name < refused.name]
+    if not older:
+        return "no complete checkpoint before it to resume from: give a new output_dir"
+    aside = refused.with_name(f"refused_{refused.name}")
+    return (f"the previous complete checkpoint is {older[-1].name}; to resume from it: "
+            f"mv {refused} {aside} && {continue_command(cfg)}")
 
 
 def _setting(value: Any) -> str:

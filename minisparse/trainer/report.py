@@ -28,13 +28,16 @@ def random_weights(model_path: str) -> bool:
 
 def model_line(cfg: Config) -> str:
     path = cfg.model.path
+    # random weights get no math answer right; a reward of the user's own may still pay
+    stays = ("so its answers stay wrong (reward.function scores them as it will)"
+             if cfg.reward.function else "so reward and accuracy stay 0")
     if path == "tiny":
-        return (f"model: tiny, {cfg.model.dtype}: random weights built locally, so reward "
-                f"and accuracy stay 0; this run checks that the pipeline works, it does not "
-                f"learn (smollm2_cpu learns on a CPU)")
+        return (f"model: tiny, {cfg.model.dtype}: random weights built locally, {stays}; "
+                f"this run checks that the pipeline works, it does not learn (smollm2_cpu "
+                f"learns on a CPU)")
     if path in SHAPES:
         return (f"model: {path} shape, {cfg.model.dtype}: random weights (no checkpoint), "
-                f"so reward stays 0; for timing and memory only")
+                f"{stays}; for timing and memory only")
     return f"model: {path}, {cfg.model.dtype}"
 
 
@@ -104,7 +107,8 @@ def eval_command(output_dir: str) -> str:
 def end_report(cfg: Config, minutes: float) -> str:
     """Where the outputs are and how to look at them."""
     out = Path(cfg.output_dir)
-    lines = [f"finished {cfg.num_rollout} rollouts in {minutes:.1f} min; outputs in {out}/:",
+    rollouts = f"{cfg.num_rollout} rollout{'s' if cfg.num_rollout != 1 else ''}"
+    lines = [f"finished {rollouts} in {minutes:.1f} min; outputs in {out}/:",
              "  metrics.jsonl       one row per rollout"]
     if cfg.log.tensorboard:
         lines.append(f"  tensorboard/        tensorboard --logdir {out / 'tensorboard'}")
@@ -177,8 +181,10 @@ def finished_message(cfg: Config) -> str | None:
     if done < cfg.num_rollout:
         return None
     check_same_settings(cfg)
-    return (f"{cfg.output_dir} already holds a finished run: {done} of {cfg.num_rollout} "
-            f"rollouts (checkpoint {newest}). To train on from it, raise num_rollout "
+    held = (f"{done} of {cfg.num_rollout} rollouts" if done == cfg.num_rollout
+            else f"{done} rollouts, past the {cfg.num_rollout} this config asks for")
+    return (f"{cfg.output_dir} already holds a finished run: {held} (checkpoint {newest}). "
+            f"To train on from it, raise num_rollout "
             f"(--set num_rollout={done + cfg.num_rollout}); to start again, give a new "
             f"output_dir (--set output_dir=...). Its curves: {plot_command(cfg.output_dir)}")
 

@@ -22,9 +22,10 @@ RUN_CONFIG = "config.yaml"
 # what is trained, only how long, how fast, how often it saves, evaluates or logs, and
 # where: resuming with more rollouts, another GPU or other engine sizes is the point of
 # resuming. data.path and data.synthetic_size may grow the data a resume continues on:
-# preflight.check_data_order and train.py's resume check that data themselves.
+# preflight.check_data_order and train.py's resume check that data themselves;
+# data.strict only decides whether a row no run can train on stops the run.
 RESUMABLE_KEYS = frozenset({
-    "data.path", "data.synthetic_size",
+    "data.path", "data.synthetic_size", "data.strict",
     "num_rollout", "save_interval", "save_total_limit", "eval_interval", "eval_before_training",
     "resume",
     "output_dir", "max_nonfinite_steps", "gpu_memory_gb", "max_tokens_per_gpu",

@@ -32,12 +32,24 @@ def allowed_classes() -> list[type]:
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
+# The paragraphs of torch's refusal that are not the reason: its advice to load the file
+# with weights_only=False (which would run the code this check keeps from running), its
+# request to file an issue, and its pointer to the documentation.
+TORCH_ADVICE = re.compile(r"Weights only load failed\.|In PyTorch 2\.6, .*? trusted source\.|"
+                          r"Please file an issue .*?WeightsUnpickler error:|"
+                          r"Check the documentation of torch\.load .*", re.S)
+
+
 def _reason(exc: Exception) -> str:
-    """The part of torch's several-paragraph refusal that names what was refused."""
+    """The part of torch's several-paragraph refusal that names what was refused, without
+    its advice to load the file unsafely."""
     text = str(exc)
     found = re.search(r"WeightsUnpickler error:\s*(.+?)(?: was not an allowed global|\n|$)",
                       text)
-    return found.group(1).strip() if found else text.strip().splitlines()[0]
+    if found:
+        return found.group(1).strip()
+    lines = [line.strip() for line in TORCH_ADVICE.sub("", text).splitlines() if line.strip()]
+    return lines[0].rstrip(".") if lines else type(exc).__name__
 
 
 def unsafe_reason(file: Path) -> str | None:

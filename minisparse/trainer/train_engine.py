@@ -98,6 +98,26 @@ def deepspeed_config(cfg: Config, on_gpu: bool, world: int = 1) -> dict[str, Any
     }
 
 
+def unsupported_dtype(dtype: str) -> str | None:
+    """Why DeepSpeed's accelerator on this machine does not train in model.dtype (None:
+    it does). deepspeed.initialize refuses such a dtype with a traceback; the pre-flight
+    says it in one line instead. DeepSpeed's CPU accelerator takes float16 only where
+    oneDNN has float16 kernels (AVX512-FP16 or AMX: recent Intel Xeons, not AMD EPYC)."""
+    if dtype not in ("float16", "bfloat16"):
+        return None
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if (accelerator.is_fp16_supported() if dtype == "float16"
+            else accelerator.is_bf16_supported()):
+        return None
+    name = accelerator.device_name()
+    why = " (its CPU has no AVX512-FP16 or AMX)" if name == "cpu" else ""
+    other = "bfloat16" if dtype == "float16" else "float16"
+    return (f"DeepSpeed's {name} accelerator does not train in {dtype} on this machine{why}; "
+            f"use --set model.dtype={other} or --set model.dtype=float32")
+
+
 # DeepSpeed's CPU shared-memory all-reduce: only DeepSpeed inference's tensor-parallel
 # all-reduce calls it; training's collectives go through torch.distributed.
 SHM_COMM_OP = "deepspeed_shm_comm"

@@ -44,19 +44,23 @@ def saved_world_size(state: dict[str, Any], world: int) -> int:
     return int(state.get("world_size", world))
 
 
+def _processes(n: int) -> str:
+    return f"{n} process{'es' if n != 1 else ''}"
+
+
 def refusal(zero_stage: int | str, saved: int, world: int) -> str | None:
     """Why a checkpoint of `saved` ranks cannot continue on `world` ranks under
     zero_stage (auto is 1 or 2), or None when it can."""
     if saved == world or zero_stage != 3:
         return None
-    return (f"was saved by {saved} processes and this run has {world}: resharding ZeRO 3 "
+    return (f"was saved by {_processes(saved)} and this run has {world}: resharding ZeRO 3 "
             f"state is not supported, so resume with torchrun --nproc_per_node {saved} "
             f"or zero_stage 1 or 2")
 
 
 def reshard_line(path: Path, saved: int, world: int) -> str:
     """The one line a resharded resume prints, naming the ranks whose RNG starts fresh."""
-    line = (f"checkpoint {path} was written by {saved} processes and is resharded for "
+    line = (f"checkpoint {path} was written by {_processes(saved)} and is resharded for "
             f"{world} (DeepSpeed universal checkpoint)")
     if world == saved + 1:
         line += f"; rank {saved} had no RNG state saved and starts from a fresh one (seed + rank)"

@@ -12,18 +12,32 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import eval as eval_cli
-from minisparse.compression import RKV, ScoringRule, rule_class
+from minisparse.compression import RKV, RuleError, ScoringRule, build_policy, rule_class
+from minisparse.config.schema import CompressConfig
 from minisparse.config.schema import rule_names
 from minisparse.engine.bench import run as bench
 
-from .helpers import doc_rule_module
+from .helpers import doc_rule_module, make_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 USER_RULE = "my_rules:MyRule"
 # Not a ScoringRule: appended to the documented module for the error case.
 NOT_A_RULE = "\n\nclass NotARule:\n    pass\n"
+# Rules whose scores cannot be ranked: appended for the bad-output cases.
+BAD_OUTPUTS = '''
+
+class OneShort(MyRule):
+    def score_batch(self, keys, queries, lengths):
+        return super().score_batch(keys, queries, lengths)[..., :-1]
+
+
+class Raises(MyRule):
+    def score_batch(self, keys, queries, lengths):
+        raise KeyError("missing")
+'''
 LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -31,7 +45,7 @@ LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"
 def rules_dir(tmp_path_factory) -> Path:
     """A folder outside the package holding my_rules.py, the documented example."""
     folder = tmp_path_factory.mktemp("user-rules")
-    (folder / "my_rules.py").write_text(doc_rule_module() + NOT_A_RULE)
+    (folder / "my_rules.py").write_text(doc_rule_module() + NOT_A_RULE + BAD_OUTPUTS)
     return folder
 
 
@@ -141,3 +155,31 @@ def test_unusable_rule_exits_2_with_one_line_before_a_model_loads(
     code, err = run(spec, model, rules_dir, _minisparse_cache, tmp_path / "out", capsys)
     assert code == 2
     assert err.splitlines() == [f"{prefix}compress.algorithm={spec!r}: {message}"]
+
+
+def test_scores_that_cannot_be_ranked_name_the_rule_in_one_line(user_path):
+    """The docs promise a line naming what is wrong for bad inputs; a rule's bad output
+    (scores of another shape, or an error of its own) ended in a traceback inside
+    policy.py that did not name the rule."""
+    keys, queries = make_inputs(h_kv=2, group=2, length=40, window=4)
+    lengths = torch.tensor([40])
+    for spec, message in [
+        ("my_rules:OneShort", "OneShort.score_batch returned torch.float32 scores of shape "
+                              "[1, 2, 39]; keys [1, 2, 40, 16] need floating-point scores "
+                              "[B, H_kv, Lmax] = [1, 2, 40], one per cached key"),
+        ("my_rules:Raises", "Raises.score_batch raised KeyError: 'missing'"),
+    ]:
+        policy = build_policy(CompressConfig(algorithm=spec, budget=16, window=4))
+        with pytest.raises(RuleError) as info:
+            policy.select_batch(keys[None], queries[None], lengths)
+        assert str(info.value) == f"compress.algorithm={spec!r}: {message}"
+
+
+def test_a_rule_that_fails_in_training_stops_it_in_one_line(rules_dir, tmp_path,
+                                                            _minisparse_cache):
+    res = _train(rules_dir, _minisparse_cache, "compress.algorithm=my_rules:OneShort",
+                 "num_rollout=1", "save_interval=0", f"output_dir={tmp_path / 'out'}")
+    assert res.returncode == 1
+    (line,) = res.stderr.splitlines()
+    assert line.startswith("error: compress.algorithm='my_rules:OneShort': "
+                           "OneShort.score_batch returned torch.float32 scores of shape [")

@@ -174,7 +174,8 @@ def test_zero_stage_is_auto_or_a_number(tmp_path):
     ("budget=64", "unknown config key 'budget' (did you mean 'compress.budget'?)"),
     ("optim.lr=true", "'optim.lr' expects float, got True"),
     ("optim.lr=fast", "'optim.lr' expects float, got 'fast'"),
-    ("optim.lr=.inf", "'optim.lr' expects float, got inf"),
+    ("optim.lr=.inf", "'optim.lr' expects a finite number, got inf"),
+    ("optim.lr=nan", "'optim.lr' expects a finite number, got nan"),
     ("num_rollout=true", "'num_rollout' expects int, got True"),
     ("num_rollout=2.5", "'num_rollout' expects int, got 2.5"),
     ("model.dtype=fp8", "'model.dtype' must be one of bfloat16, float16, float32; got 'fp8'"),
@@ -295,7 +296,7 @@ def _parse(argv):
     return add_config_args(argparse.ArgumentParser()).parse_args(argv)
 
 
-def test_cli_helpers(capsys):
+def test_cli_helpers(capsys, monkeypatch):
     cfg = config_from_args(_parse(["--config", "tiny_rkv", "--set", "num_rollout=7",
                                    "--set", "compress.budget=20"]))
     assert (cfg.num_rollout, cfg.compress.budget) == (7, 20)
@@ -307,4 +308,8 @@ def test_cli_helpers(capsys):
     with pytest.raises(SystemExit) as info:
         config_from_args(_parse(["--set", "compress.budgett=1"]))
     assert info.value.code == 2
-    assert capsys.readouterr().err.startswith("config error: unknown config key")
+    assert capsys.readouterr().err.startswith("error: unknown config key")
+    monkeypatch.setenv("RANK", "1")  # torchrun's other processes: the same exit, no line
+    with pytest.raises(SystemExit) as info:
+        config_from_args(_parse(["--set", "compress.budgett=1"]))
+    assert info.value.code == 2 and capsys.readouterr().err == ""

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import logging
 import tracemalloc
@@ -7,6 +8,7 @@ import pytest
 from minisparse.config.schema import DataConfig
 from minisparse.data.datasets import (DataError, PromptSampler, check_data, load_prompts,
                                        max_line_bytes)
+from minisparse.data.left_out import NO_LABEL, NO_PROMPT, NOT_FINITE, NOT_JSON, NOT_UTF8, TOO_LONG
 from minisparse.data.synthetic import synthetic_rows
 from minisparse.models.tiny import build_tokenizer
 
@@ -70,33 +72,29 @@ def test_long_prompts_dropped_and_counted(tmp_path, tok, caplog):
     with caplog.at_level(logging.WARNING):
         kept = load_prompts(cfg, tok, stats=stats)
     assert [r.label for r in kept] == ["1", "3"] and [r.index for r in kept] == [0, 2]
-    assert stats == {"rows": 3, "kept": 2, "dropped_too_long": 1}
+    assert stats == {"rows": 3, "kept": 2, "left_out": 0, "dropped_too_long": 1}
     assert "dropped 1 of 3 prompts longer than max_prompt_len=20" in caplog.text
+    with pytest.raises(DataError) as info:
+        load_prompts(dataclasses.replace(cfg, max_prompt_len=1), tok)
+    assert str(info.value) == (f"{cfg.path}: no usable prompts: all 3 usable rows are longer "
+                               f"than max_prompt_len=1 tokens")
 
 
 @pytest.mark.parametrize("line,message", [
-    ('{"prompt": "x", "label": "1"', "d.jsonl:2: invalid JSON"),
     ('[1, 2]', "d.jsonl:2: expected a JSON object, got list"),
     ('{"question": "x", "label": "1"}', "d.jsonl:2: missing key 'prompt' (keys present: label, question)"),
     ('{"prompt": "x"}', "missing key 'label' (keys present: prompt)"),
-    ('{"prompt": "   ", "label": "1"}', "d.jsonl:2: empty prompt"),
-    ('{"prompt": [], "label": "1"}', "d.jsonl:2: empty message list"),
+    ('{"question": "x", "label": ""}', "d.jsonl:2: missing key 'prompt'"),
     ('{"prompt": [{"role": "user"}], "label": "1"}', "message 0 must be an object with string 'role'"),
     ('{"prompt": ["hi"], "label": "1"}', "message 0 must be an object"),
-    ('{"prompt": [{"role": "user", "content": " "}], "label": "1"}', "all message contents are blank"),
     ('{"prompt": 5, "label": "1"}', "prompt must be a string or a list of messages, got int"),
-    ('{"prompt": "x", "label": null}', "label must be a string or a number, got NoneType"),
     ('{"prompt": "x", "label": ["1", "2"]}', "label must be a string or a number, got list"),
     ('{"prompt": "x", "label": true}', "got bool"),
-    ('{"prompt": "x", "label": ""}', "d.jsonl:2: label is empty ('')"),
-    ('{"prompt": "x", "label": "  "}', "d.jsonl:2: label is empty ('  ')"),
-    ('{"prompt": "x", "label": NaN}', "d.jsonl:2: label is nan, not a finite number"),
-    ('{"prompt": "x", "label": Infinity}', "d.jsonl:2: label is inf, not a finite number"),
-    ('{"prompt": "x", "label": -Infinity}', "d.jsonl:2: label is -inf, not a finite number"),
 ])
-def test_bad_rows_name_file_and_line(tmp_path, tok, line, message):
-    """The same message from the tokenizer-free check a run makes before its model loads
-    as from loading the prompts."""
+def test_rows_that_do_not_fit_the_keys_stop_the_run(tmp_path, tok, line, message):
+    """A missing key or a prompt or label of another type: the data.* settings are wrong,
+    not one row. The same message from the tokenizer-free check a run makes before its
+    model loads as from loading the prompts."""
     path = write_jsonl(tmp_path / "d.jsonl", ['{"prompt": "fine", "label": "0"}', line])
     for read in (lambda cfg: load_prompts(cfg, tok), check_data):
         with pytest.raises(DataError) as info:
@@ -104,43 +102,105 @@ def test_bad_rows_name_file_and_line(tmp_path, tok, line, message):
         assert message in str(info.value)
 
 
-def test_check_data_counts_rows_and_refuses_an_empty_file(tmp_path):
+UNUSABLE = [  # (line, why it is left out, what data.strict stops with)
+    ('{"prompt": "x", "label": ""}', NO_LABEL, "label is empty ('')"),
+    ('{"prompt": "x", "label": "  "}', NO_LABEL, "label is empty ('  ')"),
+    ('{"prompt": "x", "label": null}', NO_LABEL, "label is empty (None)"),
+    ('{"prompt": "x", "label": NaN}', NOT_FINITE, "label is nan, not a finite number"),
+    ('{"prompt": "x", "label": "nan"}', NOT_FINITE, "label is 'nan', not a number"),
+    ('{"prompt": "x", "label": Infinity}', NOT_FINITE, "label is inf, not a finite number"),
+    ('{"prompt": "x", "label": -Infinity}', NOT_FINITE, "label is -inf, not a finite number"),
+    ('{"prompt": "   ", "label": "1"}', NO_PROMPT, "empty prompt"),
+    ('{"prompt": null, "label": "1"}', NO_PROMPT, "empty prompt"),
+    ('{"prompt": [], "label": "1"}', NO_PROMPT, "empty prompt (an empty message list)"),
+    ('{"prompt": [{"role": "user", "content": " "}], "label": "1"}', NO_PROMPT,
+     "empty prompt (all message contents are blank)"),
+    ('{"prompt": "x", "label": "1"', NOT_JSON, "invalid JSON (Expecting ',' delimiter)"),
+]
+
+
+@pytest.mark.parametrize("line,reason,message", UNUSABLE)
+def test_rows_no_run_can_train_on_are_left_out_and_counted(tmp_path, tok, line, reason,
+                                                            message):
+    """Left out, counted by reason with the first file:line, the rows around them kept;
+    data.strict stops at the row instead, with the line it names."""
+    path = write_jsonl(tmp_path / "d.jsonl", ['{"prompt": "a", "label": "0"}', line,
+                                              '{"prompt": "b", "label": "2"}'])
+    left_out = check_data(DataConfig(path=path))
+    assert (left_out.rows, left_out.usable, dict(left_out.counts)) == (3, 2, {reason: 1})
+    assert left_out.line() == (f"data: 1 of 3 rows left out (cannot be trained on): 1 "
+                               f"{reason} (first: {path}:2); data.strict=true stops at such "
+                               f"a row instead")
+    stats = {}
+    rows = load_prompts(DataConfig(path=path), tok, stats=stats)
+    assert [(r.label, r.index) for r in rows] == [("0", 0), ("2", 2)]
+    assert stats == {"rows": 3, "kept": 2, "left_out": 1, "dropped_too_long": 0}
+    for read in (lambda cfg: load_prompts(cfg, tok), check_data):
+        with pytest.raises(DataError) as info:
+            read(DataConfig(path=path, strict=True))
+        assert str(info.value) == f"{path}:2: {message}"
+
+
+def test_left_out_rows_are_counted_by_reason_in_the_order_met(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"prompt": "a", "label": ""}\n{"prompt": "b", "label": "1"}\n'
+                     b'{"prompt": "caf\xe9", "label": "1"}\n{"prompt": "c", "label": " "}\n'
+                     b'{"prompt": "d", "label": NaN}\n')
+    left_out = check_data(DataConfig(path=str(path)))
+    assert (left_out.rows, left_out.usable) == (5, 1)
+    assert left_out.reasons() == (f"2 {NO_LABEL} (first: {path}:1), 1 {NOT_UTF8} ({path}:3), "
+                                  f"1 {NOT_FINITE} ({path}:5)")
+    assert left_out.metrics() == {"data/rows": 5.0, "data/rows_left_out": 4.0}
+
+
+def test_check_data_counts_rows_and_refuses_a_file_without_usable_rows(tmp_path):
     rows = [{"prompt": "a", "label": "1"}, "", {"q": [{"role": "user", "content": "b"}], "a": 2}]
     path = write_jsonl(tmp_path / "d.jsonl", rows[:2])
-    assert check_data(DataConfig(path=path)) == 1
+    assert (check_data(DataConfig(path=path)).rows, check_data(DataConfig(path=path)).line()) \
+        == (1, None)
     mixed = write_jsonl(tmp_path / "m.jsonl", [{"q": "a", "a": "1"}, rows[2]])
-    assert check_data(DataConfig(path=mixed, input_key="q", label_key="a")) == 2
-    assert check_data(DataConfig(path="synthetic", synthetic_size=7)) == 7
+    assert check_data(DataConfig(path=mixed, input_key="q", label_key="a")).usable == 2
+    assert check_data(DataConfig(path="synthetic", synthetic_size=7)).usable == 7
     for empty in (["", "  "], []):
         path = write_jsonl(tmp_path / "e.jsonl", empty)
         with pytest.raises(DataError, match=r"e.jsonl: no rows \(empty file\)"):
             check_data(DataConfig(path=path))
+    path = write_jsonl(tmp_path / "u.jsonl", ['{"prompt": "a", "label": ""}', "{"])
+    with pytest.raises(DataError) as info:
+        check_data(DataConfig(path=path))
+    assert str(info.value) == (f"{path}: no usable rows: all 2 left out (1 {NO_LABEL} "
+                               f"(first: {path}:1), 1 {NOT_JSON} ({path}:2))")
 
 
 def test_unreadable_and_empty_files(tmp_path, tok):
     missing = str(tmp_path / "missing.jsonl")
     with pytest.raises(DataError) as info:
         load_prompts(DataConfig(path=missing), tok)
+    assert str(info.value) == f"data.path: no such file: {missing}"  # no download to offer
+    known = tmp_path / "simplelr_qwen_level3to5.jsonl"
+    with pytest.raises(DataError) as info:
+        load_prompts(DataConfig(path=str(known)), tok)
     assert str(info.value) == (
-        f"data.path: no such file: {missing}; fetch it with: "
-        f"python -m minisparse.download --dataset missing --out {tmp_path}/"
-    )
+        f"data.path: no such file: {known}; fetch it with: python -m minisparse.download "
+        f"--dataset simplelr_qwen_level3to5 --out {tmp_path}/")
     (tmp_path / "folder.jsonl").mkdir()
     with pytest.raises(DataError, match="no such file: .*folder.jsonl"):
         load_prompts(DataConfig(path=str(tmp_path / "folder.jsonl")), tok)
     (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00garbage\n")
-    with pytest.raises(DataError, match="bin.jsonl"):
+    with pytest.raises(DataError, match=f"bin.jsonl: no usable rows: all 1 left out \\(1 "
+                                        f"{NOT_UTF8}"):
         load_prompts(DataConfig(path=str(tmp_path / "bin.jsonl")), tok)
-    with pytest.raises(DataError, match="no usable prompts"):
+    with pytest.raises(DataError, match="no rows"):
         load_prompts(DataConfig(path=write_jsonl(tmp_path / "e.jsonl", ["", ""])), tok)
 
 
 def test_bytes_that_are_not_utf8_are_named_with_their_line(tmp_path, tok):
     path = tmp_path / "d.jsonl"
     path.write_bytes(b'{"prompt": "fine", "label": "0"}\n{"prompt": "caf\xe9", "label": "1"}\n')
+    assert check_data(DataConfig(path=str(path))).first == {NOT_UTF8: f"{path}:2"}
     for read in (lambda cfg: load_prompts(cfg, tok), check_data):
         with pytest.raises(DataError) as info:
-            read(DataConfig(path=str(path)))
+            read(DataConfig(path=str(path), strict=True))
         assert str(info.value) == f"{path}:2: not UTF-8 text (byte 0xe9 at byte 16 of the line)"
 
 
@@ -159,10 +219,10 @@ class OnlyShortText:
         return getattr(self.tok, name)
 
 
-def test_a_huge_line_is_dropped_unread_naming_its_line(tmp_path, tok, caplog):
+def test_a_huge_line_is_left_out_unread_naming_its_line(tmp_path, tok):
     """A 40 MB line is read past in pieces, never decoded, parsed or tokenized whole:
-    the Python memory it costs stays a few MB, and it is dropped and counted as prompts
-    over max_prompt_len are (its line named)."""
+    the Python memory it costs stays a few MB, and it is left out and counted, its line
+    named; data.strict leaves it out too, as it drops prompts over max_prompt_len."""
     path = tmp_path / "d.jsonl"
     with path.open("wb") as f:
         f.write(b'{"prompt": "short", "label": "1"}\n{"prompt": "')
@@ -171,18 +231,18 @@ def test_a_huge_line_is_dropped_unread_naming_its_line(tmp_path, tok, caplog):
     cfg, stats = DataConfig(path=str(path)), {}
     tracemalloc.start()
     try:
-        assert check_data(cfg) == 3
-        with caplog.at_level(logging.WARNING):
-            kept = load_prompts(cfg, OnlyShortText(tok), stats=stats)
+        left_out = check_data(cfg)
+        kept = load_prompts(cfg, OnlyShortText(tok), stats=stats)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20
     assert [r.label for r in kept] == ["1", "3"] and [r.index for r in kept] == [0, 2]
-    assert stats == {"rows": 3, "kept": 2, "dropped_too_long": 1}
-    assert (f"{path}:2: dropped unread: the line is over 1114112 bytes, the bound for "
-            f"data.max_prompt_len=1024 (prompts over max_prompt_len tokens are dropped)"
-            in caplog.text)
+    assert stats == {"rows": 3, "kept": 2, "left_out": 1, "dropped_too_long": 0}
+    assert left_out.reasons() == f"1 {TOO_LONG} (first: {path}:2)"
+    strict = dataclasses.replace(cfg, strict=True)
+    assert check_data(strict).first == {TOO_LONG: f"{path}:2"}
+    assert [r.label for r in load_prompts(strict, OnlyShortText(tok))] == ["1", "3"]
 
 
 def test_the_line_bound_leaves_room_for_metadata(tmp_path, tok):

@@ -5,7 +5,9 @@ disk stops the run in one line with every complete checkpoint and metrics.jsonl 
 One tiny run of two rollouts (a checkpoint after each) is trained once; each test works
 on a copy of it."""
 import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from minisparse.trainer.checkpoint import (MARKER, CheckpointError, check_pickle
                                            latest_checkpoint, load_checkpoint, seal)
 from minisparse.trainer.manifest import MANIFEST
 from minisparse.trainer.preflight import resume_checkpoint
+from minisparse.trainer.train_engine import unsupported_dtype
 
 TWO = ["--set", "num_rollout=2", "--set", "save_interval=1"]
 THREE = ["--set", "num_rollout=3", "--set", "save_interval=1"]
@@ -73,9 +76,42 @@ def test_a_planted_pickle_is_refused_unloaded(run, tmp_path, _minisparse_cache, 
     assert res.returncode == 2, res.stderr[-3000:]
     assert res.stderr.splitlines() == [
         f"error: {ckpt / name}: not loaded: it holds more than tensors and plain data "
-        f"(Unsupported global: GLOBAL exec) and unpickling it could run code; "
-        f"resume from a checkpoint you trust or give a new output_dir"]
+        f"(Unsupported global: GLOBAL exec) and unpickling it could run code; the previous "
+        f"complete checkpoint is rollout_000001; to resume from it: mv {ckpt} "
+        f"{ckpt.parent / 'refused_rollout_000002'} && python "
+        f"{shlex.join(_cmd(run, *THREE)[1:])}"]
     assert not marker.exists()
+
+
+class Blocked:
+    """A pickle calling os.system: torch refuses its module outright, in a message that
+    advises loading the file with weights_only=False (which would run it)."""
+
+    def __reduce__(self):
+        return os.system, ("true",)
+
+
+def test_a_refused_checkpoint_names_the_one_before_it_and_never_the_unsafe_load(run):
+    ckpt = _ckpt(run, 2)
+    torch.save(Blocked(), ckpt / STATE_FILES[0])
+    _reseal(ckpt)
+    with pytest.raises(CheckpointError) as info:
+        resume_checkpoint(_cfg(run), False, 64)
+    aside = ckpt.parent / "refused_rollout_000002"
+    assert str(info.value).startswith(
+        f"{ckpt / STATE_FILES[0]}: not loaded: it holds more than tensors and plain data "
+        f"(Trying to load unsupported GLOBAL posix.system whose module posix is blocked) and "
+        f"unpickling it could run code; the previous complete checkpoint is rollout_000001; "
+        f"to resume from it: mv {ckpt} {aside} && python ")
+    assert "weights_only" not in str(info.value)
+    ckpt.rename(aside)  # as the line says: the same command then resumes from rollout 1
+    assert resume_checkpoint(_cfg(run), False, 64) == _ckpt(run, 1)
+    torch.save(Blocked(), _ckpt(run, 1) / STATE_FILES[0])
+    _reseal(_ckpt(run, 1))
+    with pytest.raises(CheckpointError, match="could run code; no complete checkpoint "
+                                              "before it to resume from: give a new "
+                                              "output_dir$"):
+        resume_checkpoint(_cfg(run), False, 64)
 
 
 def test_load_checkpoint_checks_each_file_before_deepspeed_reads_it(run, tmp_path):
@@ -93,7 +129,12 @@ def test_load_checkpoint_checks_each_file_before_deepspeed_reads_it(run, tmp_pat
 def test_the_allow_list_takes_every_file_deepspeed_writes(tmp_path, _minisparse_cache, keys):
     """ZeRO 2 fp32 resumes in test_train.py; ZeRO 1 with bf16 (bf16_* optimizer files,
     the static loss scaler, fragment addresses) and ZeRO 3 with fp16 (dynamic loss
-    scaler, per-rank model states) pass the weights-only check as DeepSpeed writes them."""
+    scaler, per-rank model states) pass the weights-only check as DeepSpeed writes them.
+    fp16 only where DeepSpeed's accelerator trains in it (a CPU without AVX512-FP16 or
+    AMX, such as an AMD EPYC, does not: the run would stop at its pre-flight)."""
+    for dtype in (k.split("=")[1] for k in keys if k.startswith("model.dtype=")):
+        if why := unsupported_dtype(dtype):
+            pytest.skip(f"model.dtype={dtype}: {why}")
     out = tmp_path / "run"
     res = _train(out, "--set", "num_rollout=1", *[a for k in keys for a in ("--set", k)],
                  cache=_minisparse_cache)

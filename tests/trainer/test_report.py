@@ -43,6 +43,16 @@ def test_start_names_config_model_device_rollouts_cache_and_outputs():
     assert lines[7].endswith("; time = seconds per phase") and len(lines) == 8
 
 
+def test_random_weights_under_a_reward_of_your_own_promise_no_zero():
+    """A reward.function may pay random text (test_train.py's parity reward does)."""
+    for path in ("tiny", "qwen2.5-3b"):
+        cfg = load_config("tiny_rkv", [f"model.path={path}", "reward.function=my:reward"])
+        line = start_report(cfg, "tiny_rkv", [], "cpu", 1, 0, 30).splitlines()[1]
+        assert "stay 0" not in line
+        assert "random weights" in line and ("so its answers stay wrong (reward.function "
+                                             "scores them as it will)") in line
+
+
 def test_start_of_a_real_model_dense_run():
     cfg = load_config("smollm2_dense")
     text = start_report(cfg, "smollm2_dense", [], "cuda:0", 4, 0, 59)
@@ -69,6 +79,8 @@ def test_end_names_outputs_newest_model_and_plot_command(tmp_path):
     newest = _checkpoint(out, 3)
     text = end_report(cfg, 0.5)
     assert text.splitlines()[0] == f"finished 3 rollouts in 0.5 min; outputs in {out}/:"
+    one = load_config("tiny_rkv", [f"output_dir={out}", "num_rollout=1"])
+    assert end_report(one, 0.5).startswith("finished 1 rollout in 0.5 min")
     assert f"tensorboard --logdir {out / 'tensorboard'}" in text
     assert f"  {(newest / 'hf').relative_to(out)}/  the trained model" in text
     assert text.splitlines()[-2].startswith(f"plot: python -m minisparse.plot {out}")
@@ -87,6 +99,9 @@ def test_finished_run_says_so_and_how_to_go_on(tmp_path):
     assert "--set num_rollout=6" in text and "--set output_dir=" in text
     more = load_config("tiny_rkv", [f"output_dir={out}", "num_rollout=4"])
     assert finished_message(more) is None  # resumes
+    fewer = load_config("tiny_rkv", [f"output_dir={out}", "num_rollout=2"])
+    assert (f"{out} already holds a finished run: 3 rollouts, past the 2 this config asks "
+            f"for (checkpoint ") in finished_message(fewer)
     fresh = load_config("tiny_rkv", [f"output_dir={out}", "resume=never"])
     assert finished_message(fresh) is None  # starts again, as asked
 

@@ -12,8 +12,10 @@ def test_the_line_names_both_world_sizes_and_the_ranks_without_rng(tmp_path):
     assert reshard_line(ckpt, 2, 3).endswith(
         "for 3 (DeepSpeed universal checkpoint); rank 2 had no RNG state saved and starts "
         "from a fresh one (seed + rank)")
-    assert reshard_line(ckpt, 1, 4).endswith("; ranks 1-3 had no RNG state saved and start "
-                                             "from fresh ones (seed + rank)")
+    assert reshard_line(ckpt, 1, 4) == (f"checkpoint {ckpt} was written by 1 process and "
+                                        f"is resharded for 4 (DeepSpeed universal "
+                                        f"checkpoint); ranks 1-3 had no RNG state saved and "
+                                        f"start from fresh ones (seed + rank)")
 
 
 def test_only_zero_3_refuses_another_world_size():
@@ -23,6 +25,7 @@ def test_only_zero_3_refuses_another_world_size():
     assert refusal(3, 4, 2) == ("was saved by 4 processes and this run has 2: resharding "
                                 "ZeRO 3 state is not supported, so resume with torchrun "
                                 "--nproc_per_node 4 or zero_stage 1 or 2")
+    assert refusal(3, 1, 2).startswith("was saved by 1 process and this run has 2")
 
 
 def test_a_checkpoint_without_its_world_size_is_taken_for_this_runs():
