@@ -47,11 +47,14 @@ def _offline() -> bool:
     return constants.HF_HUB_OFFLINE
 
 
-def not_cached_message(repo_id: str) -> str:
+def not_cached_message(repo_id: str, partial: str | None = None) -> str:
+    """Why an uncached (or `partial`ly cached: that folder) hub model cannot be read."""
     hub = ("the hub is off (HF_HUB_OFFLINE=1)" if _offline()
            else "the hub cannot be reached")
+    where = (f"is only partly in the HF cache ({partial})" if partial
+             else f"is not in the HF cache ({cache_dir()})")
     return (f"model.path '{repo_id}': no local folder of that name, and the hub model "
-            f"{repo_id} is not in the HF cache ({cache_dir()}) and {hub}; fetch it where "
+            f"{repo_id} {where} and {hub}; fetch it where "
             f"the hub is reachable (hf download {repo_id} --local-dir DIR), bring DIR here "
             f"and set model.path: DIR")
 
@@ -76,8 +79,9 @@ def snapshot(repo_id: str, local_only: bool) -> Path:
     """The model's folder in the HF cache, fetched or completed first unless local_only
     (or offline: then the cached copy as it is); HubModelError says why not."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (GatedRepoError, IncompleteSnapshotError,
+                                        LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
 
     try:
         with _download_bars():
@@ -92,6 +96,8 @@ def snapshot(repo_id: str, local_only: bool) -> Path:
         raise HubModelError(f"model.path '{repo_id}' is neither a local HF checkpoint "
                             f"directory nor a model on the Hugging Face hub (a private one "
                             f"needs hf auth login)") from None
+    except IncompleteSnapshotError as exc:  # a download cut short, the hub out of reach
+        raise HubModelError(not_cached_message(repo_id, exc.snapshot_path)) from None
     except LocalEntryNotFoundError:
         raise HubModelError(not_cached_message(repo_id)) from None
     if not (folder / "config.json").is_file():

@@ -4,6 +4,7 @@ snapshots linking to them, refs/main) under a temporary HF_HUB_CACHE. The hub is
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -23,20 +24,27 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
 
 
-def cache_model(cache: Path, repo_id: str, source: Path) -> Path:
-    """source's files as huggingface_hub caches a download of repo_id at COMMIT; the
-    snapshot folder."""
+def cache_model(cache: Path, repo_id: str, source: Path, missing: tuple[str, ...] = ()) -> Path:
+    """source's files as huggingface_hub caches a download of repo_id at COMMIT (blobs,
+    the snapshot's links to them, refs/main, the commit's file listing); the snapshot
+    folder. `missing` files are listed but not there: a download cut short."""
     repo = cache / f"models--{repo_id.replace('/', '--')}"
     snapshot = repo / "snapshots" / COMMIT
-    (repo / "blobs").mkdir(parents=True)
-    snapshot.mkdir(parents=True)
-    for file in source.iterdir():
+    for folder in (repo / "blobs", snapshot, repo / "refs", repo / "trees"):
+        folder.mkdir(parents=True)
+    listing = {}
+    for file in sorted(source.iterdir()):
         data = file.read_bytes()
+        git_sha = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        listing[file.name] = {"size": len(data), "blob_id": git_sha}
+        if file.name in missing:
+            continue
         blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
         blob.write_bytes(data)
         (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
-    (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT)
+    (repo / "trees" / f"{COMMIT}.json").write_text(
+        json.dumps({"format_version": 1, "files": listing}))
     return snapshot
 
 
@@ -90,6 +98,15 @@ def test_offline_without_the_files_names_the_way_out(offline_cache):
         f"model Qwen/Qwen2.5-3B-Instruct is not in the HF cache ({offline_cache}) and the "
         f"hub is off (HF_HUB_OFFLINE=1); fetch it where the hub is reachable (hf download "
         f"Qwen/Qwen2.5-3B-Instruct --local-dir DIR), bring DIR here and set model.path: DIR")
+
+
+def test_a_download_cut_short_is_named_so(offline_cache):
+    snapshot = cache_model(offline_cache, MODEL_ID, build_tiny(), missing=("model.safetensors",))
+    with pytest.raises(HubModelError) as info:
+        check_model_path(MODEL_ID)
+    assert (f"the hub model {MODEL_ID} is only partly in the HF cache ({snapshot}) and the "
+            f"hub is off (HF_HUB_OFFLINE=1); fetch it where the hub is reachable"
+            in str(info.value))
 
 
 def test_a_cached_folder_without_config_is_refused(offline_cache, tmp_path):
