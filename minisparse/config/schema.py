@@ -118,7 +118,8 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     # "tiny" builds (and caches) a tiny random Qwen2 model + tokenizer locally; otherwise a
-    # local HF checkpoint directory, or a shape name (qwen2.5-3b, ...) for random weights.
+    # local HF checkpoint directory, a hub id (Qwen/Qwen2.5-3B-Instruct: fetched once into
+    # the HF cache, models/hub.py), or a shape name (qwen2.5-3b, ...) for random weights.
     path: str = "tiny"
     dtype: Dtype = "bfloat16"
     # Recompute decoder layers' activations in the backward (HF's checkpointing): auto
@@ -379,7 +380,8 @@ HELP = {
     "temperature": "rollout sampling temperature",
     "top_p": "rollout nucleus sampling: the probability mass kept",
     "top_k": "rollout top-k sampling: the most likely tokens kept",
-    "model.path": "HF checkpoint dir; tiny: a tiny random model built locally; or a shape "
+    "model.path": "HF checkpoint dir, or hub id (Qwen/Qwen2.5-3B-Instruct: fetched once "
+                  "into the HF cache); tiny: a tiny random model built locally; or a shape "
                   "name such as qwen2.5-3b for random weights",
     "model.dtype": "weights' dtype",
     "compress.algorithm": "KV-cache compression during generation (none: dense; rkv: "

