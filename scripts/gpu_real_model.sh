@@ -25,7 +25,7 @@
 #                  rkv_naive, rkv, rkv_geo, snapkv) of seed $SEED on this queue's GPU, up to
 #                  $ROLLOUTS rollouts, stopped (and saved) by the clock time $UNTIL
 #                  (seconds since the epoch; unset: no limit)
-# Results: $ROOT/JOB/ (eval.py's folders, the pair's runs) and $ROOT/JOB.log.
+# Results: $ROOT/JOB (eval.py's folders, the pair's runs; JOB with _ for :), $ROOT/JOB.log.
 # Settings (environment): MODELS (/tmp/models), GGUF_DIR (/tmp/files), DATA
 # (data/simplelr_qwen_level3to5.jsonl), EVAL_DIR (data/eval), ROOT (/tmp/real),
 # TRAIN_ROWS (512), TRAIN_LEN (4096), SEED (1), ROLLOUTS (30), UNTIL. On the GPU machine the staged wheels
@@ -51,10 +51,10 @@ evaluate() {  # job size flags...: eval.py on the real model into $ROOT/job
     local job=$1 size=$2; shift 2
     wait_for "$(model_dir "$size")/config.json"
     python3 eval.py --model "$(model_dir "$size")" --data-dir "$EVAL_DIR" --no-progress \
-        --set reward.workers=4 --output "$ROOT/$job" "$@"
+        --set reward.workers=4 --output "$ROOT/${job//:/_}" "$@"
 }
 pair() {  # job model
-    ROOT="$ROOT/$1" CONFIG=qwen1.5b_rkv MODEL=$2 DATA=$DATA AT_ONCE=0 \
+    ROOT="$ROOT/${1//:/_}" CONFIG=qwen1.5b_rkv MODEL=$2 DATA=$DATA AT_ONCE=0 \
         bash scripts/dense_vs_sparse.sh
 }
 
@@ -72,8 +72,8 @@ run_job() {
                      --temperature 1.0 --top-p 1.0 --max-new-tokens "$TRAIN_LEN" ;;
         exact:*)
             wait_for "$(model_dir "$size")/config.json"
-            MINISPARSE_QWEN="$(model_dir "$size")" python3 -m pytest -q -p no:cacheprovider \
-                tests/engine/test_gpu_real_qwen.py ;;
+            MINISPARSE_QWEN="$(model_dir "$size")" MINISPARSE_MATH500="$PWD/$EVAL_DIR/math500/test.jsonl" \
+                python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_gpu_real_qwen.py ;;
         pair:real) wait_for "$(model_dir 1.5b)/config.json"; pair "$job" "$(model_dir 1.5b)" ;;
         pair:random) pair "$job" qwen2.5-1.5b ;;
         ablation:*)
