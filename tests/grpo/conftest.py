@@ -6,7 +6,8 @@ import pytest
 HERE = Path(__file__).parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if HERE in Path(item.fspath).parents:
+        if HERE in item.path.parents:
             item.add_marker(pytest.mark.algorithm)
