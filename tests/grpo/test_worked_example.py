@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from worked_example import (ADVANTAGES, CASES, KL_COEF, L2, MASK, expected, expected_loss,
+from worked_example import (ADVANTAGES, CASES, KL_COEF, L2, MASK, S, expected, expected_loss,
                             loss_config, tensors)
 
 from minisparse.grpo.corrections import compute_corrections
@@ -100,7 +100,8 @@ def test_mismatch_metrics_read_the_sampler_against_the_dense_policy():
     """kl_k1 = mean over the 7 response tokens of -ln s; chi2_token = mean(s^2) - 1."""
     t = tensors(NOW)
     m = mismatch_metrics(t["old"], t["rollout"], MASK)
-    s = [2.0, 1.25, 0.75, 1.2, 0.6, 1.1, 1e-5]
+    s = [2.0, 1.25, 0.75, 1.2, 0.6, 1.1, 1e-5]  # the table's S on the 7 response tokens
+    assert torch.tensor(S)[MASK].tolist() == pytest.approx(s)
     assert m["mismatch/kl_k1"] == pytest.approx(-sum(math.log(x) for x in s) / 7, rel=1e-5)
     assert m["mismatch/chi2_token"] == pytest.approx(sum(x * x for x in s) / 7 - 1, rel=1e-5)
 
