@@ -5,6 +5,7 @@ tier (pytest -m algorithm); a mutation the tier passes has survived.
     python scripts/mutation_check.py              # every mutation; exit 1 if one survives
     python scripts/mutation_check.py --list       # the mutations, numbered
     python scripts/mutation_check.py --only 1 12  # some of them
+    python scripts/mutation_check.py --only 7 --tests tests/test_train_learns.py
 
 Each mutation is applied in a scratch copy of the working tree (tracked files and new ones
 git does not ignore), so the checkout is never touched and an interrupted check leaves
@@ -26,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # the tier, less the check that this list still applies (a mutation would fail it)
 TIER = [sys.executable, "-m", "pytest", "-m", "algorithm", "-x", "-q", "-rf",
-        "-p", "no:cacheprovider", "--ignore=tests/test_mutation_check.py", "tests"]
+        "-p", "no:cacheprovider", "--ignore=tests/test_mutation_check.py"]
 
 
 @dataclass(frozen=True)
@@ -131,12 +132,12 @@ def scratch_copy(target: Path) -> None:
             shutil.copy2(src, target / name)
 
 
-def run_tier(tree: Path, timeout: float) -> tuple[bool, str, float]:
-    """(passed, first failing test or why, seconds) of the fast tier in tree."""
+def run_tier(tree: Path, tests: list[str], timeout: float) -> tuple[bool, str, float]:
+    """(passed, first failing test or why, seconds) of the fast tier's tests in tree."""
     start = time.perf_counter()
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     try:
-        out = subprocess.run(TIER, cwd=tree, env=env, capture_output=True, text=True,
+        out = subprocess.run(TIER + tests, cwd=tree, env=env, capture_output=True, text=True,
                              timeout=timeout)
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout:.0f} s", time.perf_counter() - start
@@ -151,6 +152,8 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print the mutations and exit")
     parser.add_argument("--only", type=int, nargs="+", metavar="N",
                         help="run these mutations (numbers from --list)")
+    parser.add_argument("--tests", nargs="+", default=["tests"], metavar="PATH",
+                        help="test files or folders to run (default: all of tests/)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the unmutated run")
     parser.add_argument("--timeout", type=float, default=900,
@@ -167,7 +170,7 @@ def main() -> int:
         for _, m in chosen:  # every mutation still applies, before any run
             apply((tree / m.path).read_text(), m)
         if not args.no_baseline:
-            passed, why, seconds = run_tier(tree, args.timeout)
+            passed, why, seconds = run_tier(tree, args.tests, args.timeout)
             print(f"  unmutated: {'passes' if passed else 'FAILS: ' + why} ({seconds:.0f} s)",
                   flush=True)
             if not passed:
@@ -177,7 +180,7 @@ def main() -> int:
             original = (tree / m.path).read_text()
             (tree / m.path).write_text(apply(original, m))
             try:
-                passed, why, seconds = run_tier(tree, args.timeout)
+                passed, why, seconds = run_tier(tree, args.tests, args.timeout)
             finally:
                 (tree / m.path).write_text(original)
             verdict = "SURVIVED" if passed else f"caught by {why}"
