@@ -48,3 +48,30 @@ def grade_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float]]:
 
     monkeypatch.setattr(reward, "grade_batch", spy)
     return seen
+
+
+@pytest.fixture(scope="session")
+def _session_process_group():
+    """Torn down at the end of the session: DeepSpeed keeps the process group it first
+    saw, so a group rebuilt per module would leave its engines pointing at a dead one."""
+    yield
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def process_group(_session_process_group):
+    """A one-process group (nccl on a GPU, gloo without) for tests that build DeepSpeed
+    engines, made once a session; the variables it sets leave with the module. Its value
+    is the device to train on."""
+    import os
+
+    from minisparse.trainer.distributed import init_distributed
+
+    saved = dict(os.environ)
+    device = init_distributed()
+    yield device
+    os.environ.clear()
+    os.environ.update(saved)

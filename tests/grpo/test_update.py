@@ -1,37 +1,27 @@
-"""The update phase on CPU with DeepSpeed ZeRO-2 (gloo, one process)."""
+"""The update phase with DeepSpeed, on the GPU where there is one (nccl), else on the CPU
+(gloo); one process unless a test spawns two."""
 
 import math
 import os
-import socket
 
 import pytest
 import torch
+import worked_example as ex
 from policy_models import tiny_qwen2
+from update_helpers import grads_at_step, rollout_batch
 
 from minisparse.config.schema import Config
 from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.rollout import RolloutBatch
 from minisparse.grpo.update import train_on_rollout
+from minisparse.trainer.logprobs import response_logprobs
 
 deepspeed = pytest.importorskip("deepspeed")
-# The CPU recipe (gloo, DeepSpeed's CPU accelerator); on a GPU machine DeepSpeed picks CUDA.
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU training recipe")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _process_group():
-    """A one-process gloo group for DeepSpeed, torn down (with its env vars) afterwards."""
-    from minisparse.trainer.distributed import init_distributed
-
-    saved = dict(os.environ)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    init_distributed()
-    yield
-    torch.distributed.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
+@pytest.fixture(scope="module")
+def device(process_group) -> torch.device:
+    return process_group
 
 
 def _cfg(**top) -> Config:
@@ -51,41 +41,32 @@ def _cfg(**top) -> Config:
     return cfg
 
 
-def _engine(cfg: Config):
+def _model(device: torch.device) -> torch.nn.Module:
+    return tiny_qwen2(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1,
+                      max_positions=64).to(device)
+
+
+def _engine(cfg: Config, device: torch.device):
     from minisparse.trainer.train_engine import build_train_engine
 
-    return build_train_engine(
-        tiny_qwen2(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1, max_positions=64),
-        cfg, total_steps=10, device=torch.device("cpu")
-    )
+    return build_train_engine(_model(device), cfg, total_steps=10, device=device)
 
 
 def _batch(cfg: Config) -> RolloutBatch:
+    """Four samples, the dense policy 0.8x as likely as the sampler on every token."""
     responses = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
-    mask = torch.zeros(4, 4, dtype=torch.bool)
-    for i, r in enumerate(responses):
-        mask[i, : len(r)] = True
-    logp = torch.full((4, 4), -3.0) * mask
-    batch = RolloutBatch(
-        prompts=[[1, 2], [1, 2], [3, 4, 2], [3, 4, 2]],
-        responses=responses,
-        labels=["1"] * 4,
-        finish_reasons=["stop"] * 4,
-        rollout_logp=logp,
-        response_mask=mask,
-        num_compressions=[0] * 4,
-        evicted_tokens=[0] * 4,
-        peak_cache_tokens=[0] * 4, compressed_tokens=[0] * 4,
-    )
-    batch.old_logp = logp.clone()
+    batch = rollout_batch([[1, 2], [1, 2], [3, 4, 2], [3, 4, 2]], responses,
+                          torch.full((4, 4), -3.0))
+    batch.old_logp = (batch.rollout_logp + math.log(0.8)) * batch.response_mask
     batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    corr = compute_corrections(batch.old_logp, batch.rollout_logp, mask, cfg.loss)
+    corr = compute_corrections(batch.old_logp, batch.rollout_logp, batch.response_mask,
+                               cfg.loss)
     batch.weights, batch.keep = corr.weights, corr.keep
     return batch
 
 
 def _params(engine):
-    return torch.cat([p.detach().flatten().clone() for p in engine.module.parameters()])
+    return torch.cat([p.detach().flatten().cpu() for p in engine.module.parameters()])
 
 
 def _well_conditioned_adam(cfg: Config) -> Config:
@@ -100,12 +81,12 @@ def _well_conditioned_adam(cfg: Config) -> Config:
     return cfg
 
 
-def test_step_updates_and_micro_batching_is_exact():
+def test_step_updates_and_micro_batching_is_exact(device):
     whole_cfg = _well_conditioned_adam(_cfg())
-    whole = _engine(whole_cfg)
+    whole = _engine(whole_cfg, device)
     m_whole = train_on_rollout(whole, _batch(whole_cfg), whole_cfg)[0]
     split_cfg = _well_conditioned_adam(_cfg(max_tokens_per_gpu=9))  # [7] [5,4] [4]
-    split = _engine(split_cfg)
+    split = _engine(split_cfg, device)
     before = _params(split)
     m_split = train_on_rollout(split, _batch(split_cfg), split_cfg)[0]
     assert m_whole["train/micro_batches"] == 1.0 and m_split["train/micro_batches"] == 3.0
@@ -117,13 +98,13 @@ def test_step_updates_and_micro_batching_is_exact():
     assert m_split["train/lr"] == pytest.approx(1e-2)
 
 
-def test_fp32_zero_0_reports_the_norm_deepspeed_leaves_out():
+def test_fp32_zero_0_reports_the_norm_deepspeed_leaves_out(device):
     """Under ZeRO 0 without bf16/fp16 DeepSpeed reports no gradient norm; the step measures
     it (the same as ZeRO 1's on the same batch), so a finite step is not counted skipped."""
     metrics, params = {}, {}
     for stage in (0, 1):
         cfg = _well_conditioned_adam(_cfg(zero_stage=stage))
-        engine = _engine(cfg)
+        engine = _engine(cfg, device)
         metrics[stage] = train_on_rollout(engine, _batch(cfg), cfg)[0]
         params[stage] = _params(engine)
     assert metrics[0]["train/step_skipped"] == 0.0
@@ -133,12 +114,12 @@ def test_fp32_zero_0_reports_the_norm_deepspeed_leaves_out():
     cfg = _cfg(zero_stage=0)
     batch = _batch(cfg)
     batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
-    assert train_on_rollout(_engine(cfg), batch, cfg)[0]["train/step_skipped"] == 1.0
+    assert train_on_rollout(_engine(cfg, device), batch, cfg)[0]["train/step_skipped"] == 1.0
 
 
-def test_nonfinite_loss_skips_the_step():
+def test_nonfinite_loss_skips_the_step(device):
     cfg = _cfg()
-    engine = _engine(cfg)
+    engine = _engine(cfg, device)
     batch = _batch(cfg)
     batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
     before = _params(engine)
@@ -151,12 +132,12 @@ def test_nonfinite_loss_skips_the_step():
     assert m2["train/step_skipped"] == 0.0 and not torch.equal(before, _params(engine))
 
 
-def test_optimizer_offload_brackets_the_micro_batches_of_each_step():
+def test_optimizer_offload_brackets_the_micro_batches_of_each_step(device):
     """optimizer_offload (memory plan): the optimizer state leaves before a step's first
     micro-batch and is back before DeepSpeed's step (on a GPU; TrainingStateOffload is a
     no-op on CPU, so a recorder stands in for it here)."""
     cfg = _cfg(global_batch_size=2, num_steps_per_rollout=2, max_tokens_per_gpu=5)
-    engine = _engine(cfg)
+    engine = _engine(cfg, device)
     events = []
     step = engine.step
     engine.step = lambda *a, **k: (events.append("step"), step(*a, **k))[1]
@@ -176,16 +157,66 @@ def test_optimizer_offload_brackets_the_micro_batches_of_each_step():
     assert events == ["offload", "backward", "backward", "reload", "step"] * 2
 
 
+def _worked_example(cfg: Config, model: torch.nn.Module) -> RolloutBatch:
+    """tests/worked_example.py's three samples, its ratios anchored on the model's own
+    log-probs: the update sees q against the old policy, s in the weights, k against the
+    reference, whatever the model's values."""
+    with torch.no_grad():
+        now, _ = response_logprobs(model, ex.PROMPTS, ex.RESPONSES, width=3)
+    t = ex.tensors(now.cpu())
+    batch = rollout_batch(ex.PROMPTS, ex.RESPONSES, t["rollout"])
+    batch.old_logp, batch.ref_logp, batch.advantages = t["old"], t["ref"], ex.ADVANTAGES
+    corr = compute_corrections(batch.old_logp, batch.rollout_logp, batch.response_mask,
+                               cfg.loss)
+    batch.weights, batch.keep = corr.weights, corr.keep
+    return batch
+
+
+@pytest.mark.parametrize("max_tokens", [100, 7], ids=["one_micro_batch", "one_per_sample"])
+def test_update_by_hand_on_the_worked_example(device, max_tokens):
+    """One optimizer step on the worked example: the loss's parts are the hand-computed
+    ones, and the gradient is sum_t g_t * grad log pi_now(t) with the hand-computed
+    per-token factors g_t (so the ratio's anchor, weights, kept tokens, clip sides and KL
+    direction are all pinned)."""
+    cfg = _cfg(max_tokens_per_gpu=max_tokens, zero_stage=0, rollout_batch_size=3,
+               n_samples_per_prompt=1, global_batch_size=3)
+    cfg.loss = ex.loss_config()
+    engine = _engine(cfg, device)
+    grads = grads_at_step(engine)
+    m = train_on_rollout(engine, _worked_example(cfg, engine.module), cfg)[0]
+    keep, weights = ex.expected()
+    want = ex.expected_loss(keep, weights)
+    assert m["train/micro_batches"] == (1.0 if max_tokens == 100 else 3.0)
+    for name in ("pg_loss", "kl", "ratio_mean", "clip_frac", "loss"):
+        assert m[f"train/{name}"] == pytest.approx(want[name], rel=1e-4, abs=1e-6), name
+
+    oracle = _model(device)  # the engine's model before its step (same seed)
+    now, _ = response_logprobs(oracle, ex.PROMPTS, ex.RESPONSES, width=3)
+    (ex.expected_grad(keep, weights).to(device) * now).sum().backward()
+    expect = {n: p.grad.cpu() for n, p in oracle.named_parameters()}
+    assert grads.keys() == expect.keys()
+    for name, g in expect.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-3, atol=1e-6, msg=name)
+    norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in expect.values()]))
+    assert m["train/grad_norm"] == pytest.approx(norm.item(), rel=1e-4)
+
+
 def _nonfinite_worker(rank: int, init_file: str, out_dir: str) -> None:
-    """ZeRO 2 over two gloo ranks; rank 1's first sample has a NaN advantage."""
+    """ZeRO 2 over two ranks (gloo on the CPU, nccl on two GPUs); rank 1's first sample
+    has a NaN advantage."""
     import torch.distributed as tdist
 
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")  # as torchrun
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    tdist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"file://{init_file}",
+                             rank=rank, world_size=2)
     try:
         cfg = _cfg(zero_stage=2, max_tokens_per_gpu=9)  # [7] [5, 4] [4]: 3 micro-batches
         torch.manual_seed(0)
-        engine = _engine(cfg)
+        engine = _engine(cfg, device)
         before = _params(engine)
         batch = _batch(cfg)
         if rank == 1:
@@ -200,6 +231,8 @@ def _nonfinite_worker(rank: int, init_file: str, out_dir: str) -> None:
         tdist.destroy_process_group()
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                    reason="two ranks on a GPU machine need two GPUs")
 def test_a_nonfinite_loss_on_one_rank_skips_the_step_on_all(tmp_path):
     """Finiteness is read once a step, after the micro-batches: the rank that saw a NaN loss
     and the one that did not both take the poisoning backward (under ZeRO 2 every backward

@@ -7,6 +7,9 @@ from policy_models import tiny_qwen2
 from minisparse.models.attention import use_attention
 from minisparse.trainer.logprobs import pack_sequences, pad_rows, response_logprobs
 
+# the current, old and reference log-probs the loss compares: part of the algorithm tier
+pytestmark = pytest.mark.algorithm
+
 
 def _model():
     return tiny_qwen2(vocab=97, hidden=32, layers=2, heads=4, kv_heads=2).eval()
