@@ -35,6 +35,8 @@ def pool_bytes(cfg: EngineConfig, device: torch.device, counted: int = 0) -> int
 def cuda_free(device: torch.device) -> int:
     """Bytes this process may still allocate on the GPU: what is free, and no more than its
     per-process memory cap leaves (gpu_memory_gb sets one: trainer/memory/plan.py)."""
+    if device.index is None:  # "cuda": the current device (torch wants an index below)
+        device = torch.device("cuda", torch.cuda.current_device())
     free, total = torch.cuda.mem_get_info(device)
     fraction = torch.cuda.get_per_process_memory_fraction(device)
     if fraction < 1.0:

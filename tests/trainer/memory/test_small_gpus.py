@@ -178,3 +178,25 @@ def test_gpu_memory_gb_caps_the_process(monkeypatch):
     assert cuda_free(torch.device("cuda", 0)) == 14 * GIB
     monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda device: 1.0)
     assert cuda_free(torch.device("cuda", 0)) == 70 * GIB
+
+
+def test_the_pool_is_sized_on_a_device_named_without_an_index(monkeypatch):
+    """eval.py's engine runs on "cuda": torch's per-process memory fraction refuses a
+    device without an index (seen on a GPU: every eval.py run stopped there), so the
+    current device's index is used."""
+    import torch
+
+    from minisparse.engine.kv_pool import cuda_free
+
+    cuda, asked = torch.cuda, []
+
+    def fraction(device):
+        if device.index is None:  # what torch 2.11 raises
+            raise ValueError("Expected a torch.device with a specified index")
+        asked.append(device)
+        return 1.0
+    monkeypatch.setattr(cuda, "current_device", lambda: 2)
+    monkeypatch.setattr(cuda, "mem_get_info", lambda device: (70 * GIB, 80 * GIB))
+    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", fraction)
+    assert cuda_free(torch.device("cuda")) == 70 * GIB
+    assert asked == [torch.device("cuda", 2)]
