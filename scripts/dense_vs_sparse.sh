@@ -29,13 +29,15 @@
 #   EXTRA     more train.py flags for both runs
 #   RUNS      which runs to start now ("sparse dense"); the others' results are read from ROOT
 #   AT_ONCE   1: both at once where there are two GPUs (default); 0: one after the other
+#   PORT      the compressed run's MASTER_PORT, the dense run's is PORT + 1 (29631): two
+#             pairs on one machine need their own
 case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-qwen3b_rkv}; MODEL=${MODEL:-qwen2.5-3b}; LEN=${LEN:-4096}
 PROMPTS=${PROMPTS:-32}; ROLLOUTS=${ROLLOUTS:-2}; ROOT=${ROOT:-/tmp/dense_vs_sparse}
 DATA=${DATA:-data/simplelr_qwen_level3to5.jsonl}; LIMIT_S=${LIMIT_S:-0}
-RUNS=${RUNS:-sparse dense}; AT_ONCE=${AT_ONCE:-1}
+RUNS=${RUNS:-sparse dense}; AT_ONCE=${AT_ONCE:-1}; PORT=${PORT:-29631}
 for name in $RUNS; do
     case $name in sparse|dense) ;; *) echo "RUNS: '$name' is not sparse or dense" >&2; exit 2 ;; esac
 done
@@ -46,9 +48,13 @@ STEP_SAMPLES=$(python3 -c "from minisparse.config.load import load_config as l; 
 print($PROMPTS * c.n_samples_per_prompt // c.num_steps_per_rollout)") || exit 2
 mkdir -p "$ROOT"
 
+# GPU i of the runs is the i-th of those this script may use: CUDA_VISIBLE_DEVICES as the
+# caller set it (a queue pinned to GPU 3 stays on GPU 3), else every GPU.
+VISIBLE_LIST=${CUDA_VISIBLE_DEVICES:-}
+read -r -a VISIBLE <<< "${VISIBLE_LIST//,/ }"
 run() {  # name gpu port [--set ...]: one train.py run into $ROOT/name
     local name=$1 gpu=$2 port=$3; shift 3
-    [ "$GPUS" -gt 0 ] && export CUDA_VISIBLE_DEVICES=$gpu
+    [ "$GPUS" -gt 0 ] && export CUDA_VISIBLE_DEVICES=${VISIBLE[$gpu]:-$gpu}
     timeout -k 10 "$LIMIT_S" torchrun --nproc_per_node 1 --master_port "$port" train.py \
         --config "$CONFIG" --set model.path="$MODEL" --set data.path="$DATA" \
         --set max_response_len="$LEN" --set rollout_batch_size="$PROMPTS" \
@@ -60,8 +66,8 @@ run() {  # name gpu port [--set ...]: one train.py run into $ROOT/name
 start() {  # name gpu: the compressed run, or the dense one (no old figures left behind)
     rm -f "$ROOT/$1/metrics.jsonl"
     case $1 in
-        sparse) run sparse "$2" 29631 ;;
-        dense) run dense "$2" 29632 --set compress.algorithm=none ;;
+        sparse) run sparse "$2" "$PORT" ;;
+        dense) run dense "$2" $((PORT + 1)) --set compress.algorithm=none ;;
     esac
 }
 if [ "$GPUS" -ge 2 ] && [ "$AT_ONCE" = 1 ] && [ "$RUNS" = "sparse dense" ]; then

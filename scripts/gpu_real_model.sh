@@ -53,8 +53,8 @@ evaluate() {  # job size flags...: eval.py on the real model into $ROOT/job
     python3 eval.py --model "$(model_dir "$size")" --data-dir "$EVAL_DIR" --no-progress \
         --set reward.workers=4 --output "$ROOT/${job//:/_}" "$@"
 }
-pair() {  # job model
-    ROOT="$ROOT/${1//:/_}" CONFIG=qwen1.5b_rkv MODEL=$2 DATA=$DATA AT_ONCE=0 \
+pair() {  # job model port
+    ROOT="$ROOT/${1//:/_}" CONFIG=qwen1.5b_rkv MODEL=$2 DATA=$DATA AT_ONCE=0 PORT=$3 \
         bash scripts/dense_vs_sparse.sh
 }
 
@@ -74,8 +74,8 @@ run_job() {
             wait_for "$(model_dir "$size")/config.json"
             MINISPARSE_QWEN="$(model_dir "$size")" MINISPARSE_MATH500="$PWD/$EVAL_DIR/math500/test.jsonl" \
                 python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_gpu_real_qwen.py ;;
-        pair:real) wait_for "$(model_dir 1.5b)/config.json"; pair "$job" "$(model_dir 1.5b)" ;;
-        pair:random) pair "$job" qwen2.5-1.5b ;;
+        pair:real) wait_for "$(model_dir 1.5b)/config.json"; pair "$job" "$(model_dir 1.5b)" 29641 ;;
+        pair:random) pair "$job" qwen2.5-1.5b 29631 ;;
         ablation:*)
             local variants=(dense rkv_naive rkv rkv_geo snapkv) index
             for index in "${!variants[@]}"; do [ "${variants[$index]}" = "$size" ] && break; done
@@ -98,5 +98,6 @@ for job in "$@"; do
     start=$(date +%s)
     echo "$(date +%T) $job: start (GPU ${CUDA_VISIBLE_DEVICES:-all})"
     run_job "$job" > "$ROOT/$name.log" 2>&1
-    echo "$(date +%T) $job: exit $? after $(( $(date +%s) - start )) s (log $ROOT/$name.log)"
+    status=$?
+    echo "$(date +%T) $job: exit $status after $(( $(date +%s) - start )) s (log $ROOT/$name.log)"
 done
