@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     problems = load_benchmarks(eval_cfg.benchmarks, eval_cfg.data_dir, eval_cfg.limit, level)
     from minisparse.engine import check_backend
     from minisparse.evaluation import format_table
-    from minisparse.quiet import quiet_libraries
+    from minisparse.utils.quiet import quiet_libraries
 
     quiet_libraries(cfg.log.verbose)
     check_backend(cfg)

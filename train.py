@@ -61,12 +61,12 @@ from minisparse.models.flops import FlopShape, batch_forward_flops, flop_shape, 
 from minisparse.models.liger import use_liger_kernel
 from minisparse.models.loading import load_policy
 from minisparse.models.lora import MergedWeights, adapters_disabled, apply_lora
-from minisparse.quiet import quiet_libraries
+from minisparse.utils.quiet import quiet_libraries
 # the machinery that trains a DeepSpeed policy
-from minisparse.trainer import distributed as dist
+from minisparse.utils import distributed as dist
 from minisparse.trainer.checkpoint import (CheckpointError, DiskFullError, load_checkpoint,
                                            save_checkpoint)
-from minisparse.trainer.distributed import Max, Sum
+from minisparse.utils.distributed import Max, Sum
 from minisparse.trainer.logger import MetricsLogger, reduce_metrics, summary_line
 from minisparse.trainer.logprobs import batch_logprobs
 from minisparse.trainer.memory.phases import (

@@ -43,7 +43,7 @@ from minisparse.models.checkpointing import checkpoint_layers, checkpointed_coun
 from minisparse.models.flops import flop_shape, peak_flops  # noqa: E402
 from minisparse.models.liger import use_liger_kernel  # noqa: E402
 from minisparse.models.loading import load_policy  # noqa: E402
-from minisparse.trainer import distributed as dist  # noqa: E402
+from minisparse.utils import distributed as dist  # noqa: E402
 from minisparse.trainer.logprobs import batch_logprobs  # noqa: E402
 from minisparse.trainer.memory.phases import TrainingStateOffload, phase  # noqa: E402
 from minisparse.trainer.memory.plan import not_planned, plan_memory  # noqa: E402

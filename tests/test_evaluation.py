@@ -247,7 +247,7 @@ def _split_worker(rank, world, init_file, tiny_path, out_dir):
     import torch.distributed as tdist
 
     from minisparse.evaluation import Shard
-    from minisparse.trainer.distributed import all_gather_object
+    from minisparse.utils.distributed import all_gather_object
 
     tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                              world_size=world)

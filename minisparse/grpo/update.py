@@ -21,12 +21,12 @@ import torch
 
 from minisparse.config.schema import Config
 from minisparse.trainer.batching import equalize_across_ranks, step_micro_batches
-from minisparse.trainer.distributed import all_reduce, world_size
+from minisparse.utils.distributed import all_reduce, world_size
 from minisparse.trainer.logprobs import response_logprobs
 from minisparse.grpo.loss import grpo_loss, step_denominator
 from minisparse.trainer.memory.phases import TrainingStateOffload, timed
 from minisparse.grpo.rollout import RolloutBatch
-from minisparse.transfer import to_device
+from minisparse.utils.transfer import to_device
 
 
 def _rows(t: torch.Tensor | None, rows: list[int], device: torch.device) -> torch.Tensor | None:

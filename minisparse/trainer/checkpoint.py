@@ -45,7 +45,7 @@ import torch
 
 from minisparse.models.lora import ADAPTER_DIR, lora_enabled, save_adapter, save_merged
 from minisparse.trainer.disk import disk_full_message, ran_out_of_space
-from minisparse.trainer.distributed import barrier, rank
+from minisparse.utils.distributed import barrier, rank
 from minisparse.trainer.manifest import MANIFEST, manifest_problem, write_manifest
 from minisparse.trainer.safe_load import unsafe_reason
 from minisparse.trainer.universal import TAG, deepspeed_state

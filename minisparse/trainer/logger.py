@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from minisparse.trainer.distributed import Max, Sum, all_reduce, world_size
+from minisparse.utils.distributed import Max, Sum, all_reduce, world_size
+from minisparse.utils.files import atomic_write
 
 # (column, metric, what it means in plain words: the legend printed once at start)
 SUMMARY = (
@@ -29,7 +30,7 @@ SUMMARY = (
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Metrics over all ranks: Sum values added, Max values maximised, others averaged
-    (see trainer/distributed.py). Every rank must call it with the same keys (they run the same
+    (see utils/distributed.py). Every rank must call it with the same keys (they run the same
     code path)."""
     if world_size() == 1:
         return dict(metrics)
@@ -84,7 +85,7 @@ class MetricsLogger:
 
     def drop_after(self, rollout: int) -> None:
         """On resume: forget rows of rollouts after the checkpoint (they are redone), and a
-        torn last line of a killed run. Rewritten through a temporary file and a rename."""
+        torn last line of a killed run. Rewritten atomically."""
         if not self.enabled or not self.path.is_file():
             return
         rows = []
@@ -95,9 +96,8 @@ class MetricsLogger:
                 continue  # a write cut short by the kill
             if isinstance(row, dict) and row.get("rollout", math.inf) <= rollout:
                 rows.append(line)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(row + "\n" for row in rows))
-        tmp.replace(self.path)
+        with atomic_write(self.path) as f:
+            f.write("".join(row + "\n" for row in rows))
 
     def log(self, rollout: int, metrics: dict[str, float]) -> None:
         if not self.enabled:

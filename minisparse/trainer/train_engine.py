@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from minisparse.config.schema import Config
-from minisparse.trainer.distributed import world_size
-from minisparse.quiet import hidden_prints
+from minisparse.utils.distributed import world_size
+from minisparse.utils.quiet import hidden_prints
 
 
 def lr_factor(step: int, cfg: Config, total_steps: int) -> float:

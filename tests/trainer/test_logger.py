@@ -55,7 +55,7 @@ def test_summary_line():
 def test_reduce_over_ranks_follows_the_value_type(monkeypatch):
     """Two ranks with equal values: Sum doubles, Max and plain floats keep the value."""
     import minisparse.trainer.logger as logger
-    from minisparse.trainer.distributed import Max, Sum
+    from minisparse.utils.distributed import Max, Sum
 
     monkeypatch.setattr(logger, "world_size", lambda: 2)
     monkeypatch.setattr(logger, "all_reduce",

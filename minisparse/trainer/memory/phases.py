@@ -20,8 +20,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from minisparse.heartbeat import heartbeat
-from minisparse.trainer.distributed import Max, rank
+from minisparse.utils.heartbeat import heartbeat
+from minisparse.utils.distributed import Max, rank
 
 GIB = 1024**3
 

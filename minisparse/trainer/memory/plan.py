@@ -50,13 +50,14 @@ import torch
 
 from minisparse.config.schema import Config, ConfigError
 from minisparse.trainer.batching import pack_by_tokens, step_micro_batches
-from minisparse.trainer.distributed import Max, all_reduce
+from minisparse.utils.distributed import Max, all_reduce
 from minisparse.trainer.memory.estimate import (GIB, Setup, all_or_none, backward_peak,
                                              host_memory, kv_pool,
                                              kv_tokens, logprob_peak, rollout_kv_need,
                                              rollout_peak, rollout_resident, setup_of,
                                              shape_of, step_peak, training_state, update_peak)
 from minisparse.trainer.train_engine import zero_stage_of
+from minisparse.utils.files import atomic_write
 
 HEADROOM = 0.08  # of the GPU's memory, kept free
 # GPU memory in use by other processes at start worth naming (a CUDA context is ~0.5 GiB)
@@ -154,7 +155,8 @@ class MemoryPlan:
         return out
 
     def save(self, output_dir: str) -> None:
-        (Path(output_dir) / "memory_plan.json").write_text(json.dumps(self.record(), indent=1))
+        with atomic_write(Path(output_dir) / "memory_plan.json") as f:
+            f.write(json.dumps(self.record(), indent=1))
 
 
 def _gib(n: int) -> str:

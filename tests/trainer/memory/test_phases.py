@@ -33,7 +33,7 @@ def test_state_offload_roundtrip_on_gpu(stage):
 
     from policy_models import tiny_qwen2
 
-    from minisparse.trainer.distributed import init_distributed
+    from minisparse.utils.distributed import init_distributed
     from minisparse.trainer.memory.phases import TrainingStateOffload
     from minisparse.trainer.train_engine import build_train_engine
 
