@@ -5,11 +5,12 @@ import pytest
 
 import eval as eval_cli
 import train
-from minisparse import download, plot
+from minisparse import download
+from minisparse.plot import curves
 from minisparse.engine.bench import run as bench
 
 PARSERS = {"train.py": train.build_parser, "eval.py": eval_cli.build_parser,
-           "minisparse.plot": plot.build_parser, "minisparse.download": download.build_parser,
+           "minisparse.plot": curves.build_parser, "minisparse.download": download.build_parser,
            "minisparse.engine.bench": bench.build_parser}
 
 
