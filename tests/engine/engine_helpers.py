@@ -73,6 +73,30 @@ def dense_logprobs(model, prompt: list[int], tokens: list[int], temperature: flo
     return lp if full else lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0]
 
 
+def greedy_matches_transformers(model, engine, prompts: list[list[int]], outs,
+                                slack: float) -> tuple[int, list[int]]:
+    """Checks greedy engine outputs against transformers on a GPU in bf16: every engine
+    token is within `slack` of the argmax of a teacher-forced forward, and where greedy
+    transformers differs, the first difference is a near-tie (within slack). Compared up
+    to the engine's first end-of-turn token (hf_greedy bans it, the engine may pick it
+    under ignore_eos). (identical outputs, first differing step of each other one)."""
+    same, first_diff = 0, []
+    for p, o in zip(prompts, outs):
+        new = len(o.token_ids)
+        ref = hf_greedy(model, p, new)
+        rows = dense_logprobs(model, p, o.token_ids, full=True)
+        chosen = rows.gather(-1, torch.tensor(o.token_ids, device=rows.device)[:, None])[:, 0]
+        assert (rows.max(-1).values - chosen).max() <= slack
+        end = next((i for i, t in enumerate(o.token_ids) if t in engine.eos_ids), new)
+        n = next((i for i, (a, b) in enumerate(zip(o.token_ids[:end], ref)) if a != b), end)
+        same += n == end
+        if n < end:
+            first_diff.append(n)
+            top2 = rows[n].topk(2).values
+            assert top2[0] - top2[1] <= slack, (n, top2)  # a near-tie, not a bug
+    return same, first_diff
+
+
 class Tracker:
     """Mirrors each (sequence, layer) cache as per-KV-head lists of original positions,
     from the K/V written at each step and the policy's selections at each compaction, and
