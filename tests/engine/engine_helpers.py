@@ -55,6 +55,13 @@ def prompts(n: int, lo: int = 3, hi: int = 40, seed: int = 0) -> list[list[int]]
     return [torch.randint(4, 128, (k,), generator=g).tolist() for k in lens]
 
 
+def read_cache(pool, layer: int, row: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entries 0..n-1 of a row's cache in one layer, read slot by slot (not the way
+    compaction gathers them): K and V, each [H_kv, n, D]."""
+    slots = pool.slots(torch.tensor([row]), n)[0]
+    return pool.k[layer, slots].transpose(0, 1), pool.v[layer, slots].transpose(0, 1)
+
+
 @torch.no_grad()
 def hf_greedy(model, prompt: list[int], max_new: int) -> list[int]:
     ids = torch.tensor([prompt], device=model.device)
