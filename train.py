@@ -7,8 +7,9 @@ One process per GPU holds a DeepSpeed ZeRO-sharded policy and an in-process roll
 engine that samples with the policy's own weights. Each rollout:
 
   1. rollout   the engine samples n responses for this rank's prompts (compressed KV)
-  2. reward    math_reward (or reward.function) per response, advantages per
-               loss.advantage (dynamic_sampling: graded in rounds during 1)
+  2. reward    grade_batch (math-verify in reward.workers processes, each answer
+               stopped at reward.timeout_s) or reward.function per response,
+               advantages per loss.advantage (dynamic_sampling: graded in rounds during 1)
   3. logprobs  dense log-probs of the current (old) and reference policies, then the
                Sparse-RL correction weights from the sampler/dense mismatch
   4. update    num_steps_per_rollout optimizer steps in packed micro-batches
@@ -16,11 +17,13 @@ engine that samples with the policy's own weights. Each rollout:
   6. save      an HF checkpoint + resume state every save_interval rollouts and at the
                end (save_interval 0: never)
 
-GPU memory changes hands between phases: during the rollout the optimizer states sit on
-the CPU and the engine's KV pool is allocated; for the update the pool is released.
-Before any model loads, the memory plan (trainer/memory/plan.py) estimates each phase's peak
-against the GPU, chooses gradient checkpointing and the micro-batch budgets, and stops
-with one line a run whose settings cannot fit.
+GPU memory changes hands between phases: the engine's KV pool is allocated for the
+rollout and released for the update. The training state (fp32 master weights, AdamW
+moments, gradients) stays on the GPU through the rollout where the pool beside it still
+holds the rollout's sequences, and waits on the CPU otherwise. Before any model loads,
+the memory plan (trainer/memory/plan.py) estimates each phase's peak against the GPU,
+chooses that, gradient checkpointing, the ZeRO stage, where the optimizer runs and the
+micro-batch budgets, and stops with one line a run whose settings cannot fit.
 """
 
 from __future__ import annotations

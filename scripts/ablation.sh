@@ -120,7 +120,9 @@ for v in dense rkv; do
         echo "ablation.sh: unknown family '$FAMILY' (no configs/${FAMILY}_$v.yaml)" >&2; exit 2; }
 done
 if [ -z "$BASE" ]; then
-    BASE=$(sed -n 's/^  path: *\([^ #]*\).*/\1/p' "configs/${FAMILY}_dense.yaml" | head -n 1)
+    # the dense config's model.path, its bases resolved
+    BASE=$(python3 -c "import sys; from minisparse.config.load import load_config; \
+print(load_config(sys.argv[1]).model.path)" "${FAMILY}_dense")
 fi
 [ -d "$BASE" ] || [ $DRY = 1 ] || {
     echo "ablation.sh: no model at $BASE (python -m minisparse.download --model" \

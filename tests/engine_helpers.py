@@ -55,6 +55,13 @@ def prompts(n: int, lo: int = 3, hi: int = 40, seed: int = 0) -> list[list[int]]
     return [torch.randint(4, 128, (k,), generator=g).tolist() for k in lens]
 
 
+def read_cache(pool, layer: int, row: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entries 0..n-1 of a row's cache in one layer, read slot by slot (not the way
+    compaction gathers them): K and V, each [H_kv, n, D]."""
+    slots = pool.slots(torch.tensor([row]), n)[0]
+    return pool.k[layer, slots].transpose(0, 1), pool.v[layer, slots].transpose(0, 1)
+
+
 @torch.no_grad()
 def hf_greedy(model, prompt: list[int], max_new: int) -> list[int]:
     ids = torch.tensor([prompt], device=model.device)
@@ -71,6 +78,30 @@ def dense_logprobs(model, prompt: list[int], tokens: list[int], temperature: flo
     logits = model(ids).logits[0, len(prompt) - 1:-1].float() / (temperature or 1.0)
     lp = torch.log_softmax(logits, -1)
     return lp if full else lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0]
+
+
+def greedy_matches_transformers(model, engine, prompts: list[list[int]], outs,
+                                slack: float) -> tuple[int, list[int]]:
+    """Checks greedy engine outputs against transformers on a GPU in bf16: every engine
+    token is within `slack` of the argmax of a teacher-forced forward, and where greedy
+    transformers differs, the first difference is a near-tie (within slack). Compared up
+    to the engine's first end-of-turn token (hf_greedy bans it, the engine may pick it
+    under ignore_eos). (identical outputs, first differing step of each other one)."""
+    same, first_diff = 0, []
+    for p, o in zip(prompts, outs):
+        new = len(o.token_ids)
+        ref = hf_greedy(model, p, new)
+        rows = dense_logprobs(model, p, o.token_ids, full=True)
+        chosen = rows.gather(-1, torch.tensor(o.token_ids, device=rows.device)[:, None])[:, 0]
+        assert (rows.max(-1).values - chosen).max() <= slack
+        end = next((i for i, t in enumerate(o.token_ids) if t in engine.eos_ids), new)
+        n = next((i for i, (a, b) in enumerate(zip(o.token_ids[:end], ref)) if a != b), end)
+        same += n == end
+        if n < end:
+            first_diff.append(n)
+            top2 = rows[n].topk(2).values
+            assert top2[0] - top2[1] <= slack, (n, top2)  # a near-tie, not a bug
+    return same, first_diff
 
 
 class Tracker:

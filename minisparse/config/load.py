@@ -1,5 +1,6 @@
-"""Loading a Config: a YAML file, then KEY=VALUE overrides, then validation (types,
-choices, ranges and cross-key rules), so a bad key fails before any model is touched."""
+"""Loading a Config: a YAML file (on top of the config it names as `base:`, if any), then
+KEY=VALUE overrides, then validation (types, choices, ranges and cross-key rules), so a bad
+key fails before any model is touched."""
 from __future__ import annotations
 
 import dataclasses
@@ -245,17 +246,65 @@ def shipped_configs() -> list[str]:
     return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
 
 
+BASE_KEY = "base"
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a mapping at the top level")
+    return raw
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """base with over's keys on top, section by section: a config that names a base sets
+    only the keys it changes, and a section it leaves empty keeps the base's."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(out.get(key), dict) and (value is None or isinstance(value, dict)):
+            out[key] = _merge(out[key], value or {})
+        else:
+            out[key] = value
+    return out
+
+
+def _base_path(name: Any, child: Path) -> Path:
+    """The file a config's `base:` names: NAME[.yaml] beside the config first (a folder of
+    one's own configs), else an existing path or a shipped config, as --config takes."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"config {child}: '{BASE_KEY}' must name a config, got {name!r}")
+    sibling = child.parent / (name if name.endswith((".yaml", ".yml")) else name + ".yaml")
+    if sibling.is_file():
+        return sibling
+    try:
+        return resolve_config_path(name)
+    except ConfigError:
+        raise ConfigError(f"config {child}: its base '{name}' is neither a file nor a config "
+                          f"beside it; available configs: {', '.join(shipped_configs())}"
+                          ) from None
+
+
+def read_config_file(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """The raw settings of a config file with its bases merged under it, `base:` itself
+    dropped; a base that leads back to a config on the chain is an error."""
+    raw = _read_yaml(path)
+    if BASE_KEY not in raw:
+        return raw
+    chain = chain + (path.resolve(),)
+    base = _base_path(raw.pop(BASE_KEY), path)
+    if base.resolve() in chain:
+        names = " -> ".join(p.stem for p in chain + (base,))
+        raise ConfigError(f"config {path}: its bases form a cycle ({names})")
+    return _merge(read_config_file(base, chain), raw)
+
+
 def load_config(name_or_path: str | None = None, overrides: Sequence[str] = ()) -> Config:
-    """YAML file (or defaults for None), then KEY=VALUE overrides, then validation."""
-    raw: dict = {}
-    if name_or_path is not None:
-        path = resolve_config_path(name_or_path)
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config {path} must be a mapping at the top level")
+    """YAML file over its bases (or defaults for None), then KEY=VALUE overrides, then
+    validation."""
+    raw = {} if name_or_path is None else read_config_file(resolve_config_path(name_or_path))
     _apply_overrides(raw, overrides)
     cfg = _build(Config, raw)
     validate_config(cfg)

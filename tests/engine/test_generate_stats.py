@@ -54,6 +54,7 @@ def test_fused_weight_copy_is_paid_from_the_pool_budget(monkeypatch):
     gib = 1 << 30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (97 * gib, 140 * gib))
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # "cuda" reads the index
     cfg, cuda = EngineConfig(kv_memory_fraction=0.8), torch.device("cuda", 0)
     assert pool_bytes(cfg, cuda) == int(0.8 * 97 * gib)
     copy = 3 * gib  # free was 100 GiB before the copy

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_helpers import dense_logprobs, hf_greedy
+from engine_helpers import greedy_matches_transformers
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = Path(os.environ.get("MINISPARSE_QWEN",
@@ -49,19 +49,7 @@ def test_engine_greedy_equals_transformers_on_math_prompts():
                        device="cuda")
     outs = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=NEW,
                                                    ignore_eos=True))
-    same, first_diff = 0, []
-    for p, o in zip(prompts, outs):
-        rows = dense_logprobs(model, p, o.token_ids, full=True)
-        chosen = rows.gather(-1, torch.tensor(o.token_ids, device=rows.device)[:, None])[:, 0]
-        assert (rows.max(-1).values - chosen).max() <= ARGMAX_SLACK
-        ref = hf_greedy(model, p, NEW)
-        # hf_greedy bans end of turn (min_new_tokens); compare up to the engine's first
-        end = next((i for i, t in enumerate(o.token_ids) if t in engine.eos_ids), NEW)
-        n = next((i for i, (a, b) in enumerate(zip(o.token_ids[:end], ref)) if a != b), end)
-        same += n == end
-        if n < end:
-            first_diff.append(n)
-            top2 = rows[n].topk(2).values
-            assert top2[0] - top2[1] <= ARGMAX_SLACK, (n, top2)  # a near-tie, not a bug
+    same, first_diff = greedy_matches_transformers(model, engine, prompts, outs,
+                                                   ARGMAX_SLACK)
     print(json.dumps({"model": MODEL.name, "prompts": PROMPTS, "new_tokens": NEW,
                       "identical": same, "first_difference_at": first_diff}))

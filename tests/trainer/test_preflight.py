@@ -112,8 +112,9 @@ def test_a_dtype_the_accelerator_refuses_is_named_before_any_model_loads(tmp_pat
 def test_each_shipped_config_reads_its_own_data(shared_data, tmp_path, capsys):
     """Every shipped config whose data.path names one of the real training files passes
     the pre-flight on that file (the model is the tiny one: the checkpoints are not
-    here, and the pre-flight reads no weights). The paper's files each hold two rows
-    without a label, which are left out."""
+    here, and the pre-flight reads no weights; the held-out benchmarks are read from the
+    shared eval folder). The paper's files each hold two rows without a label, which are
+    left out."""
     files = {p.name: p for p in (shared_data / "train").glob("*.jsonl")}
     checked = {}
     for name in shipped_configs():
@@ -121,10 +122,11 @@ def test_each_shipped_config_reads_its_own_data(shared_data, tmp_path, capsys):
         if data not in files:
             continue
         cfg = load_config(name, [f"data.path={files[data]}", "model.path=tiny",
+                                 f"eval.data_dir={shared_data / 'eval'}",
                                  f"output_dir={tmp_path / name}"])
         checked[name] = _passed(cfg, 1, resume_required=False).left_out
         assert f"without a label (first: {files[data]}:5055)" in capsys.readouterr().out
-    assert {"qwen3b_rkv", "qwen3b_dense", "llama1b_rkv"} <= set(checked)
+    assert {"qwen3b_rkv", "qwen3b_dense", "llama1b_rkv", "coder1.5b_rkv"} <= set(checked)
     assert {n: (c.rows, c.usable) for n, c in checked.items()} == {
         n: (8523, 8521) for n in checked}
 

@@ -1,8 +1,9 @@
 """The paper's configs planned for one workstation GPU (gpu_memory_gb 24, 40 and 48), at
 the paper's per-GPU batch (32 prompts x 8 = 256 sequences, prompts up to 1,024 tokens,
 responses up to 4,096): where AdamW's step cannot fit on the GPU the plan puts the
-optimizer on the CPU (DeepSpeed's CPU Adam, ZeRO 2) and says so on its first line; what
-cannot fit even so stops in one line. Sizes by hand (estimate.py's module docstring)."""
+optimizer on the CPU (DeepSpeed's CPU Adam, under ZeRO 1 where it fits) and says so on
+its first line; what cannot fit even so stops in one line. Sizes by hand (estimate.py's
+module docstring)."""
 from dataclasses import replace
 
 import pytest
