@@ -21,17 +21,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from minisparse.config.cli import (ENGINE_KEYS, HelpFormatter, add_config_args,
                                    add_config_flags, config_overrides)
 from minisparse.config.load import dump_config, load_config, section_keys
-from minisparse.config.schema import Config, ConfigError, EvalConfig
-from minisparse.data.benchmarks import BenchmarkError, load_benchmarks, parse_benchmark_names
+from minisparse.config.schema import Config, ConfigError, EvalConfig, RewardConfig
+from minisparse.data.benchmarks import (BenchmarkError, Problem, load_benchmarks,
+                                        parse_benchmark_names)
+from minisparse.data.prompts import check_prompt_template, problem_prompt_ids
 from minisparse.data.synthetic import Difficulty
+from minisparse.evaluation.results import (ResultsMismatchError, finished_results,
+                                           write_benchmark_results, write_json)
+from minisparse.evaluation.scores import format_table, sample_metrics, summarize
 from minisparse.trainer.checkpoint import latest_checkpoint
 from minisparse.trainer.run_config import run_config_path
+
+if TYPE_CHECKING:  # the engine imports torch: loaded once a model is (--help stays quick)
+    from minisparse.engine.backend import RolloutBackend
+    from minisparse.evaluation.generate import Shard
 
 # Config keys with a flag; a flag given on the command line becomes a KEY=VALUE override.
 MODEL_KEYS = ("model.path", "model.dtype")
@@ -100,11 +112,12 @@ def run_checkpoint(run: str) -> tuple[Path, Path]:
     return config, newest
 
 
-def run_overrides(cfg: Config, full: bool) -> tuple[list[str], list[str]]:
-    """(config, eval) overrides that score a run on its own task: generated arithmetic at
-    its difficulty for a synthetic run (else its eval benchmarks, else the paper's), the
-    prompt its rows had, dense unless its in-training eval compressed; without `full`,
-    RUN_LIMIT problems x RUN_SAMPLES samples at its own length, temperature and top_p."""
+def run_protocol(cfg: Config, full: bool) -> list[str]:
+    """The eval overrides that score a run on its own task: generated arithmetic at its
+    difficulty for a synthetic run (else its eval benchmarks, else the paper's), the prompt
+    its rows had; without `full`, RUN_LIMIT problems x RUN_SAMPLES samples at its own
+    length, temperature and top_p. (Dense unless its in-training eval compressed:
+    resolve_settings.)"""
     synthetic = cfg.data.path == "synthetic"
     template = (("user" if cfg.data.apply_chat_template else "boxed") if synthetic
                 else cfg.eval.prompt_template)
@@ -115,34 +128,47 @@ def run_overrides(cfg: Config, full: bool) -> tuple[list[str], list[str]]:
         evals += [f"eval.limit={RUN_LIMIT}", f"eval.n_samples={RUN_SAMPLES}",
                   f"eval.max_new_tokens={cfg.max_response_len}",
                   f"eval.temperature={cfg.temperature}", f"eval.top_p={cfg.top_p}"]
-    return ([] if cfg.eval.compress else ["compress.algorithm=none"]), evals
+    return evals
 
 
-def resolve_settings(args: argparse.Namespace) -> tuple[Config, EvalConfig]:
-    """(run config, eval config). Model/compress/engine: --config (--run: the run's
-    recorded one, its newest checkpoint as the model), then --set, then flags.
-    Eval: the schema's protocol defaults (--run: run_overrides), then --set eval.*, then
-    flags; a training config's own eval section (its in-training evaluation) is not used."""
-    config, base_sets, eval_overrides = args.config, [], []
+def resolve_settings(args: argparse.Namespace) -> tuple[Config, EvalConfig, str | None]:
+    """(run config, eval config, the base model to score beside: --run only). The config
+    loads once: --config (--run: the run's recorded one, its newest checkpoint as the
+    model), then --set, then flags.
+    Eval: the schema's protocol (--run: the run's own task, run_protocol), then --set
+    eval.*, then flags; a training config's own eval section (its in-training evaluation)
+    is not used."""
+    config = args.config
     if args.run is not None:
+        if args.config is not None or getattr(args, "model.path") is not None:
+            raise ConfigError("--run scores the run's own checkpoint with its recorded config; "
+                              "leave out --model and --config (or score a checkpoint with "
+                              "them, without --run)")
         config, newest = run_checkpoint(args.run)
-        base_sets, eval_overrides = run_overrides(load_config(config), args.full)
-        base_sets.append(f"model.path={newest / 'hf'}")
     if getattr(args, "model.path") is None and config is None:
         raise ConfigError("give --model (or --config with model.path, or --run)")
-    sets = list(args.overrides)
-    cfg = load_config(config, base_sets + sets + config_overrides(args, RUN_KEYS))
-    eval_overrides += [s for s in sets if s.strip().startswith("eval.")]
-    eval_overrides += config_overrides(args, EVAL_KEYS)
-    eval_cfg = load_config(None, eval_overrides).eval
-    given = {s.split("=", 1)[0].strip() for s in eval_overrides}
-    eval_cfg = dataclasses.replace(
-        eval_cfg,
-        benchmarks=parse_benchmark_names(eval_cfg.benchmarks),
-        n_samples=eval_cfg.n_samples if "eval.n_samples" in given else None,
-        max_new_tokens=eval_cfg.max_new_tokens if "eval.max_new_tokens" in given else None,
-    )
-    return cfg, eval_cfg
+    cfg = load_config(config, args.overrides + config_overrides(args, RUN_KEYS))
+    evals, base = [], None
+    if args.run is not None:  # the checkpoint, scored on the run's task; its base beside it
+        evals, base = run_protocol(cfg, args.full), cfg.model.path
+        cfg = with_model(cfg, str(newest / "hf"))
+        if not cfg.eval.compress and not _given(args, "compress.algorithm"):
+            cfg = dataclasses.replace(cfg, compress=dataclasses.replace(cfg.compress,
+                                                                        algorithm="none"))
+    evals += [s for s in args.overrides if s.strip().startswith("eval.")]
+    eval_cfg = load_config(None, evals + config_overrides(args, EVAL_KEYS)).eval
+    return cfg, dataclasses.replace(
+        eval_cfg, benchmarks=parse_benchmark_names(eval_cfg.benchmarks)), base
+
+
+def with_model(cfg: Config, path: str) -> Config:
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
+
+
+def _given(args: argparse.Namespace, key: str) -> bool:
+    """Whether the command line sets key (its flag, or --set KEY=...)."""
+    return (getattr(args, key, None) is not None
+            or any(s.split("=", 1)[0].strip() == key for s in args.overrides))
 
 
 def run_settings(cfg: Config, benchmarks: list[str] = ()) -> dict:
@@ -179,17 +205,62 @@ def score(cfg: Config, eval_cfg: EvalConfig, problems: dict, output: Path,
           args: argparse.Namespace) -> dict:
     """Load cfg.model.path, build its engine and evaluate it into `output`: the summary."""
     from minisparse.engine import make_backend
-    from minisparse.evaluation import check_prompt_template, evaluate
     from minisparse.models.loading import load_policy
 
     device = _device(args.device)
     model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
-    check_prompt_template(tokenizer, eval_cfg.prompt_template)
+    check_prompt_template(tokenizer, eval_cfg.prompt_template)  # before the engine is built
     engine = make_backend(cfg, model, tokenizer, device)
-    return evaluate(engine, tokenizer, eval_cfg, output,
+    return evaluate(engine, tokenizer, eval_cfg, output, problems=problems,
                     settings=run_settings(cfg, eval_cfg.benchmarks), seed=cfg.seed,
-                    overwrite=args.overwrite, progress=args.progress, problems=problems,
-                    reward=cfg.reward)
+                    reward=cfg.reward, overwrite=args.overwrite, progress=args.progress)
+
+
+def evaluate(engine: RolloutBackend, tokenizer: Any, eval_cfg: EvalConfig,
+             output: Path | None = None, *, problems: dict[str, list[Problem]],
+             settings: dict | None = None, seed: int | None = None,
+             reward: RewardConfig | None = None, overwrite: bool = False,
+             progress: bool = True, log: Callable[[str], None] = print,
+             shard: Shard | None = None) -> dict:
+    """For each benchmark: prompts -> generate -> grade -> score, written to output/NAME;
+    the summary (also output/summary.json). `settings` (model, compression, ...) is
+    recorded with every result and must match for a finished benchmark in output to be
+    read back instead (overwrite: redo it). Eval settings of None take each benchmark's
+    protocol (32 samples and 16,384 tokens for aime24, amc23). reward: how responses are
+    graded (workers, timeout_s; its function is not used: benchmarks take the math
+    grader). With a Shard (train.py) every rank calls this, generates its block of each
+    benchmark and gets the same summary; rank 0 writes."""
+    from minisparse.engine.config import SamplingParams
+    from minisparse.evaluation.generate import Shard, generate_and_grade, protocol_for
+
+    shard = shard or Shard()
+    check_prompt_template(tokenizer, eval_cfg.prompt_template)
+    common = json.loads(json.dumps({
+        **(settings or {}), "prompt_template": eval_cfg.prompt_template,
+        "temperature": eval_cfg.temperature, "top_p": eval_cfg.top_p, "seed": seed,
+        "limit": eval_cfg.limit}))
+    each = {name: dict(common, **dict(zip(("n_samples", "max_new_tokens"),
+                                          protocol_for(name, eval_cfg)))) for name in problems}
+    results = finished_results(output, each, overwrite)  # before any generation
+    for name, items in problems.items():
+        n, max_new = each[name]["n_samples"], each[name]["max_new_tokens"]
+        if name in results:
+            log(f"[{name}] finished earlier in {output / name}, skipped (--overwrite to redo)")
+            continue
+        log(f"[{name}] {len(items)} problems x {n} samples, <= {max_new} new tokens")
+        prompts = [problem_prompt_ids(tokenizer, p, eval_cfg.prompt_template) for p in items]
+        params = SamplingParams.from_config(eval_cfg, n, max_new, seed)
+        records, timing = generate_and_grade(engine, tokenizer, items, prompts, params, reward,
+                                             progress, shard)
+        results[name] = {"n_samples": n, "max_new_tokens": max_new,
+                         **sample_metrics(records, n), **timing}
+        if output is not None and shard.rank == 0:
+            write_benchmark_results(output / name, records,
+                                    {"settings": each[name], "metrics": results[name]})
+    summary = summarize(common, {name: results[name] for name in problems})
+    if output is not None and shard.rank == 0:
+        write_json(output / "summary.json", summary)
+    return summary
 
 
 def base_line(name: str, summary: dict, base: str, base_summary: dict, where: Path) -> str:
@@ -200,7 +271,9 @@ def base_line(name: str, summary: dict, base: str, base_summary: dict, where: Pa
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg, eval_cfg = resolve_settings(args)
+    """The settings (the config loaded once), the benchmarks, then the model scored into
+    its folder (--run: the run's newest checkpoint, then its base model)."""
+    cfg, eval_cfg, base = resolve_settings(args)
     if args.print_config:
         print(dump_config(dataclasses.replace(cfg, eval=eval_cfg)), end="")
         return 0
@@ -212,27 +285,22 @@ def run(args: argparse.Namespace) -> int:
     level = Difficulty.from_config(cfg.data)
     problems = load_benchmarks(eval_cfg.benchmarks, eval_cfg.data_dir, eval_cfg.limit, level)
     from minisparse.engine import check_backend
-    from minisparse.evaluation import format_table
-    from minisparse.quiet import quiet_libraries
+    from minisparse.utils.quiet import quiet_libraries
 
     quiet_libraries(cfg.log.verbose)
     check_backend(cfg)
     summary = score(cfg, eval_cfg, problems, output, args)
     print(format_table(summary))
     print(f"results in {output.resolve()}")
-    if args.run is not None and args.base:
-        base = load_config(run_config_path(args.run)).model.path
-        base_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=base))
+    if base is not None and args.base:
         where = output_folder(args, "base")
-        print(base_line(name, summary, base, score(base_cfg, eval_cfg, problems, where, args),
-                        where))
+        print(base_line(name, summary, base, score(with_model(cfg, base), eval_cfg, problems,
+                                                   where, args), where))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from minisparse.evaluation import ResultsMismatchError
-
     try:
         return run(args)
     except (ConfigError, BenchmarkError, ResultsMismatchError, FileNotFoundError) as exc:

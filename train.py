@@ -35,7 +35,6 @@ if __name__ == "__main__":  # Ctrl-C while the libraries below import (~2 s): no
     signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
 
 import argparse
-import copy
 import random
 import sys
 import time
@@ -56,45 +55,37 @@ from minisparse.compression import RuleError
 from minisparse.compression.trigger import check_compression_reach
 from minisparse.data.benchmarks import BenchmarkError
 from minisparse.data.datasets import DataError, PromptRow, PromptSampler, load_prompts
+from minisparse.data.prompts import check_prompt_template
 from minisparse.engine import RolloutBackend, make_backend
-from minisparse.evaluation import Shard, check_prompt_template, evaluate, flat_metrics
-from minisparse.models.attention import use_attention
-from minisparse.models.checkpointing import checkpoint_layers
 from minisparse.models.flops import FlopShape, batch_forward_flops, flop_shape, mfu_metrics, peak_flops
-from minisparse.models.liger import use_liger_kernel
-from minisparse.models.loading import load_policy
-from minisparse.models.lora import MergedWeights, adapters_disabled, apply_lora
-from minisparse.quiet import quiet_libraries
+from minisparse.utils import distributed as dist
+from minisparse.utils.distributed import Max, Sum
+from minisparse.utils.quiet import quiet_libraries
 # the machinery that trains a DeepSpeed policy
-from minisparse.trainer import distributed as dist
-from minisparse.trainer.checkpoint import (CheckpointError, DiskFullError, load_checkpoint,
-                                           save_checkpoint)
-from minisparse.trainer.distributed import Max, Sum
-from minisparse.trainer.logger import MetricsLogger, reduce_metrics, summary_line
-from minisparse.trainer.logprobs import batch_logprobs
-from minisparse.trainer.memory.phases import (
-    TrainingStateOffload,
-    free_training_memory,
-    phase,
-    rollout_memory,
-    rollout_weights,
-    train_memory,
-    visiting,
-)
-from minisparse.trainer.memory.plan import (MemoryPlan, comparison_line, plan_errors,
-                                            plan_memory, plan_metrics)
+from minisparse.trainer.batching import step_micro_batches
+from minisparse.trainer.checkpoint import CheckpointError, DiskFullError, resume, save_checkpoint
+from minisparse.trainer.logger import MetricsLogger, reduce_metrics, summary_legend, summary_line
+from minisparse.trainer.logprobs import batch_logprobs, response_logprobs
+from minisparse.trainer.memory.choices import MemoryPlan
+from minisparse.trainer.memory.phases import Swaps, phase, rollout_weights
+from minisparse.trainer.memory.plan import plan_errors, plan_memory, plan_metrics
+from minisparse.trainer.memory.report import comparison_line, plan_table
+from minisparse.trainer.policy import Reference, build_policy
 from minisparse.trainer.preflight import PreflightError, check_run
-from minisparse.trainer.run_lock import RunLockError
 from minisparse.trainer.report import (config_menu, end_report, finished_message,
                                        interrupted_report, no_config_message, start_report,
                                        stop_report, term_notice)
+from minisparse.trainer.run_lock import RunLockError
 from minisparse.trainer.stop import NAMES, StopOnSignal
 from minisparse.trainer.train_engine import build_train_engine
+from minisparse.trainer.update import LossFn, accumulate_and_step, rank_share
 # the algorithm: GRPO with the Sparse-RL corrections
 from minisparse.grpo.advantages import compute_advantages
 from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.dynamic_sampling import sample_with_signal
+from minisparse.grpo.loss import step_denominator
 from minisparse.grpo.mismatch import mismatch_metrics
+from minisparse.grpo.objective import micro_batch_loss
 from minisparse.grpo.rollout import (
     RolloutBatch,
     build_batch,
@@ -103,7 +94,22 @@ from minisparse.grpo.rollout import (
     sampling_params,
     score_batch,
 )
-from minisparse.grpo.update import train_on_rollout
+from minisparse.evaluation.generate import Shard
+from minisparse.evaluation.scores import flat_metrics
+from eval import evaluate  # in-training evaluation is eval.py's loop
+
+# The console line of each rollout: (column, metric, what it means in plain words, for the
+# legend printed once at start).
+COLUMNS = (
+    ("reward", "rollout/reward_mean", "mean reward"),
+    ("acc", "rollout/accuracy", "share answered right"),
+    ("len", "rollout/response_len_mean", "mean answer tokens"),
+    ("pg", "train/pg_loss", "policy-gradient loss"),
+    ("kl", "train/kl", "KL from the reference model"),
+    ("gnorm", "train/grad_norm", "gradient norm"),
+    ("keep", "rs/kept_token_frac", "share of tokens kept by rejection sampling"),
+    ("tok/s", "perf/rollout_tokens_per_s", "sampling speed"),
+)
 
 
 @dataclass
@@ -113,10 +119,10 @@ class Run:
     cfg: Config
     device: torch.device
     train_engine: Any  # DeepSpeed engine; .module is the HF policy
-    offload: TrainingStateOffload  # moves optimizer states off the GPU for the rollout
-    ref_model: torch.nn.Module | None
+    swaps: Swaps  # GPU memory between rollout and training, as the plan says
+    reference: Reference | None  # the reference policy's log-prob pass (None: no KL term)
     llm: RolloutBackend  # native LLMEngine or SGLang, over the policy's weights
-    plan: MemoryPlan  # gradient checkpointing, micro-batch budgets, optimizer offload
+    plan: MemoryPlan  # gradient checkpointing, micro-batch budgets, ZeRO stage, offload
     tokenizer: Any
     rows: list[PromptRow]
     sampler: PromptSampler
@@ -126,7 +132,6 @@ class Run:
     eval_problems: dict | None = None  # benchmark name -> problems, read at setup
     start_rollout: int = 0  # rollouts already done (from a checkpoint)
     current_rollout: int = 0  # the rollout under way (0: none yet), for a stop's report
-    merged: MergedWeights | None = None  # LoRA: the merged weights the engine samples with
     nonfinite_steps: int = 0
     data_metrics: dict[str, float] = field(default_factory=dict)  # rows read, left out
 
@@ -165,112 +170,46 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     os.environ.setdefault(*ALLOCATOR)
     device = dist.init_distributed()
     checked = check_run(cfg, dist.world_size(), resume_required)  # before any model loads
-    plan = plan_memory(cfg, device, dist.world_size())  # also before: exits 2 if it cannot fit
-    cfg.zero_stage = plan.zero_stage  # zero_stage=auto: the plan's choice
-    if plan.cpu_adam:  # optimizer_offload=auto: the plan put the optimizer on the CPU
-        cfg.optimizer_offload = "cpu_adam"
+    reference = cfg.loss.kl_coef > 0  # the loss's KL term needs reference log-probs
+    # also before any model loads: exits 2 if the settings cannot fit
+    plan = plan_memory(cfg, device, dist.world_size(), reference)
     if dist.rank() == 0:
         if plan.setup is not None:  # a CPU run plans nothing, and needs no word on it
-            print(plan.table(), flush=True)
+            print(plan_table(plan), flush=True)
         plan.save(cfg.output_dir)
     random.seed(cfg.seed + dist.rank())
     torch.manual_seed(cfg.seed + dist.rank())
 
-    policy, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
+    policy, tokenizer, ref = build_policy(cfg, device, plan, reference)
     if checked.eval_problems is not None:
         check_prompt_template(tokenizer, cfg.eval.prompt_template)
-    attention = use_attention(policy, cfg.model.attention)  # the reference copy inherits these
-    kernels = use_liger_kernel(policy, cfg.model.liger_kernel, device.type == "cuda")
-    if dist.rank() == 0 and device.type == "cuda":  # GPU kernels: nothing to say on a CPU
-        print(f"training passes: {attention}, {kernels}", flush=True)
-    if cfg.model.lora.enabled:  # only the adapters train; the reference is the base itself
-        apply_lora(policy, cfg.model.lora, cfg.seed, cfg.model.path)
-    if plan.gradient_checkpointing:
-        checkpoint_layers(policy, plan.checkpointed_layers)
-    ref_model = None
-    if cfg.loss.kl_coef > 0 and not cfg.model.lora.enabled:  # a frozen copy on the CPU
-        ref_model = copy.deepcopy(policy).to("cpu").eval().requires_grad_(False)
     rows = load_prompts(cfg.data, tokenizer)
-    sampler = PromptSampler(
-        len(rows),
-        cfg.rollout_batch_size,
-        cfg.seed,
-        dist.rank(),
-        dist.world_size(),
-        shuffle=cfg.data.shuffle,
-    )
-
-    total_steps = cfg.num_rollout * cfg.num_steps_per_rollout
-    train_engine = build_train_engine(policy, cfg, total_steps, device)
+    sampler = PromptSampler(len(rows), cfg.rollout_batch_size, cfg.seed, dist.rank(),
+                            dist.world_size(), shuffle=cfg.data.shuffle)
+    train_engine = build_train_engine(policy, cfg, cfg.num_rollout * cfg.num_steps_per_rollout,
+                                      device, plan.zero_stage, plan.cpu_adam)
     start, nonfinite = resume(checked.resume_from, train_engine, sampler)
-
-    logger = MetricsLogger(
-        cfg.output_dir,
-        config_to_dict(cfg),
-        cfg.log.run_name,
-        cfg.log.tensorboard,
-        cfg.log.wandb,
-        cfg.log.wandb_project,
-        enabled=dist.rank() == 0,
-    )
+    logger = MetricsLogger(cfg.output_dir, config_to_dict(cfg), cfg.log.run_name,
+                           cfg.log.tensorboard, cfg.log.wandb, cfg.log.wandb_project,
+                           enabled=dist.rank() == 0)
     logger.drop_after(start if start else -1)  # from scratch: rollout 0's row is redone too
-    # The engine's KV pool is sized from the memory free once the optimizer is off the GPU.
-    offload = TrainingStateOffload(train_engine)
-    free_training_memory(offload, device, plan.keep_state)
-    merged = MergedWeights(train_engine.module) if cfg.model.lora.enabled else None
-    if merged is not None:
-        merged.refresh()
+    swaps = Swaps(train_engine, device, plan.keep_state)
+    swaps.first()  # the engine's KV pool is sized from what is free after it
     with rollout_weights(train_engine):
-        llm = make_backend(cfg, sampled_model(train_engine, merged), tokenizer, device)
-    return Run(
-        cfg=cfg,
-        device=device,
-        train_engine=train_engine,
-        offload=offload,
-        ref_model=ref_model,
-        llm=llm,
-        plan=plan,
-        tokenizer=tokenizer,
-        rows=rows,
-        sampler=sampler,
-        logger=logger,
-        flops=flop_shape(policy),
-        peak=peak_flops(cfg.log.peak_tflops, device),
-        eval_problems=checked.eval_problems,
-        start_rollout=start,
-        nonfinite_steps=nonfinite,
-        merged=merged,
-        data_metrics=checked.left_out.metrics(),
-    )
-
-
-def sampled_model(train_engine, merged: MergedWeights | None) -> torch.nn.Module:
-    """What the rollout engine samples with: the policy itself, or with LoRA a plain
-    model of its merged weights (W + scale * B A, as the last refresh() made them: each
-    rollout's and evaluation's swap refreshes them before the KV pool takes its share)."""
-    return train_engine.module if merged is None else merged.model
-
-
-def resume(path: Path | None, train_engine, sampler: PromptSampler) -> tuple[int, int]:
-    """(rollouts done, non-finite steps so far) after checkpoint `path` (None: a new run)."""
-    if path is None:
-        return 0, 0
-    state = load_checkpoint(path, train_engine)
-    try:  # pre-flight compared seed, shuffle and the data's rows; here the rows kept
-        sampler.load_state_dict(state["sampler"])
-    except ValueError as exc:
-        raise CheckpointError(f"checkpoint {path.name} does not fit this run's data ({exc}); "
-                              f"resume with the data, data.max_prompt_len and seed it was "
-                              f"trained with, or give a new output_dir") from None
-    if dist.rank() == 0:
-        print(f"resumed from {path} (rollout {state['rollout']}, step {state['step']})")
-    return int(state["rollout"]), int(state.get("nonfinite_steps", 0))
+        llm = make_backend(cfg, swaps.sampled_model(), tokenizer, device)
+    return Run(cfg=cfg, device=device, train_engine=train_engine, swaps=swaps, reference=ref,
+               llm=llm, plan=plan, tokenizer=tokenizer, rows=rows, sampler=sampler,
+               logger=logger, flops=flop_shape(policy),
+               peak=peak_flops(cfg.log.peak_tflops, device),
+               eval_problems=checked.eval_problems, start_rollout=start,
+               nonfinite_steps=nonfinite, data_metrics=checked.left_out.metrics())
 
 
 # ------------------------------------------------------------------------------- phases
+# Each phase returns what it makes: the rollout batch with what it added, and its metrics.
 
 
-def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
+def rollout_phase(run: Run, rollout: int) -> tuple[RolloutBatch, dict[str, float]]:
     """This rank's prompts -> n sampled responses each, with the sampler's log-probs;
     with dynamic_sampling, rounds of prompts (graded here) until the batch has signal."""
     cfg, stats = run.cfg, []
@@ -286,62 +225,80 @@ def rollout_phase(run: Run, rollout: int, metrics: dict) -> RolloutBatch:
         stats.append(run.llm.last_stats)
         return build_batch(outputs, rows)
 
-    with rollout_weights(run.train_engine):
-        run.llm.update_weights(sampled_model(run.train_engine, run.merged))
+    with run.swaps.sampling(run.llm):
         if cfg.dynamic_sampling:
-            batch, ds_metrics = sample_with_signal(
+            batch, metrics = sample_with_signal(
                 draw, lambda b: score_batch(b, run.tokenizer, cfg.reward, cfg.max_response_len),
                 cfg.n_samples_per_prompt,
                 cfg.rollout_batch_size // dist.world_size(), cfg.dynamic_sampling_max_rounds)
-            metrics.update(ds_metrics)
         else:
-            batch = draw(0)
-    metrics.update(generate_metrics(stats))
-    return batch
+            batch, metrics = draw(0), {}
+    return batch, metrics | generate_metrics(stats)
 
 
-def reward_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
+def reward_phase(run: Run, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
     """Rewards, then advantages (loss.advantage: per prompt group and/or over the batch)."""
     if batch.rewards is None:  # dynamic sampling grades during the rollout
         score_batch(batch, run.tokenizer, run.cfg.reward, run.cfg.max_response_len)
-    batch.advantages, adv_stats = compute_advantages(
+    advantages, stats = compute_advantages(
         batch.rewards, run.cfg.n_samples_per_prompt, batch.response_mask.sum(dim=1), run.cfg.loss
     )
-    metrics.update(rollout_metrics(batch, batch.grade_stats))
-    metrics.update(adv_stats)
+    return replace(batch, advantages=advantages), rollout_metrics(batch, batch.grade_stats) | stats
 
 
-def logprob_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
+def logprob_phase(run: Run, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
     """Dense old (and reference) log-probs, mismatch metrics, Sparse-RL corrections."""
     cfg, module = run.cfg, run.train_engine.module
     args = (batch.prompts, batch.responses, batch.width, run.plan.logprob_tokens, cfg.temperature,
             cfg.model.logprob_chunk)
     module.eval()
-    batch.old_logp = batch_logprobs(module, *args)
-    if run.ref_model is not None:
-        with visiting(run.ref_model, run.device) as ref:
-            batch.ref_logp = batch_logprobs(ref, *args)
-    elif cfg.loss.kl_coef > 0:  # LoRA: the reference is the base, the adapters off
-        with adapters_disabled(module):
-            batch.ref_logp = batch_logprobs(module, *args)
-    metrics.update(mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.response_mask))
-    corr = compute_corrections(batch.old_logp, batch.rollout_logp, batch.response_mask, cfg.loss)
-    batch.weights, batch.keep = corr.weights, corr.keep
-    metrics.update(corr.metrics)
+    old_logp, ref_logp = batch_logprobs(module, *args), None
+    if run.reference is not None:
+        with run.reference.visit() as ref:
+            ref_logp = batch_logprobs(ref, *args)
+    corr = compute_corrections(old_logp, batch.rollout_logp, batch.response_mask, cfg.loss)
+    metrics = mismatch_metrics(old_logp, batch.rollout_logp, batch.response_mask) | corr.metrics
+    return replace(batch, old_logp=old_logp, ref_logp=ref_logp, weights=corr.weights,
+                   keep=corr.keep), metrics
 
 
-def update_phase(run: Run, batch: RolloutBatch, metrics: dict) -> None:
-    """Optimizer steps; averages the per-step metrics, counts skipped (non-finite) steps."""
-    offload = run.offload if run.plan.optimizer_offload else None  # (memory plan)
-    steps = train_on_rollout(run.train_engine, batch, run.cfg, offload)
-    for key in steps[0]:
-        if key not in ("train/step_skipped", "time/optimizer_step_s"):
-            metrics[key] = mean(s[key] for s in steps)
-    metrics["time/optimizer_step_s"] = sum(s["time/optimizer_step_s"] for s in steps)
-    skipped = int(sum(s["train/step_skipped"] for s in steps))
-    run.nonfinite_steps += skipped
-    metrics["train/nonfinite_steps"] = Sum(skipped)
-    metrics["train/step"] = float(run.train_engine.global_steps)
+def update_phase(run: Run, batch: RolloutBatch) -> dict[str, float]:
+    """num_steps_per_rollout optimizer steps; the per-step metrics averaged, the optimizer
+    steps' seconds summed, skipped (non-finite) steps counted."""
+    cfg, engine = run.cfg, run.train_engine
+    engine.module.train()
+    offload = run.swaps.offload if run.plan.optimizer_offload else None  # (memory plan)
+    lengths = [len(p) + len(r) for p, r in zip(batch.prompts, batch.responses)]
+    steps = [accumulate_and_step(engine, micro_batches, grpo_loss_fn(run, batch, micro_batches),
+                                 offload)
+             for micro_batches in step_micro_batches(lengths, cfg.num_steps_per_rollout,
+                                                     cfg.max_tokens_per_gpu)]
+    metrics = {key: mean(s[key] for s in steps) for key in steps[0]
+               if key not in ("train/step_skipped", "time/optimizer_step_s")}
+    return metrics | {
+        "time/optimizer_step_s": sum(s["time/optimizer_step_s"] for s in steps),
+        "train/nonfinite_steps": Sum(sum(s["train/step_skipped"] for s in steps)),
+        "train/step": float(engine.global_steps),
+    }
+
+
+def grpo_loss_fn(run: Run, batch: RolloutBatch, micro_batches: list[list[int]]) -> LossFn:
+    """The GRPO loss of one optimizer step's micro-batch `rows`: the policy's log-probs of
+    them now, at the sampling temperature, against the batch (grpo/objective.py), over the
+    step's kept count on all ranks (so the step's micro-batch losses sum to its mean)."""
+    cfg, model = run.cfg, run.train_engine.module
+    samples = [i for rows in micro_batches for i in rows]
+    denominator = rank_share(step_denominator(batch.keep[samples], cfg.loss.aggregation))
+    entropy = "grad" if cfg.loss.entropy_coef > 0 else "detached"
+
+    def loss(rows: list[int]):
+        logp, ent = response_logprobs(model, [batch.prompts[i] for i in rows],
+                                      [batch.responses[i] for i in rows], batch.width,
+                                      entropy=entropy, temperature=cfg.temperature,
+                                      chunk=cfg.model.logprob_chunk)
+        return micro_batch_loss(logp, ent, batch, rows, cfg.loss, denominator)
+
+    return loss
 
 
 def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, float]:
@@ -350,7 +307,7 @@ def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, floa
     update_fwd_bwd leaves the optimizer steps' time out, as plain HF training loops
     measure it."""
     forward = batch_forward_flops(run.flops, batch.prompts, batch.responses)
-    passes = 1 + (run.cfg.loss.kl_coef > 0)
+    passes = 1 + (run.reference is not None)
     fwd_bwd_s = metrics["time/update_s"] - metrics["time/optimizer_step_s"]
     return {
         **mfu_metrics("logprobs", passes * forward, metrics["time/logprobs_s"], run.peak),
@@ -359,38 +316,27 @@ def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, floa
     }
 
 
-def eval_phase(run: Run, rollout: int, metrics: dict) -> None:
-    """Benchmarks of cfg.eval with the current weights, each split over all ranks; with a
-    dense cache unless eval.compress. The training state leaves the GPU for it even where
-    the plan keeps it there for rollouts, so the pool (sized now) gets all the room; the
-    next swap to training brings it back."""
-    if run.merged is not None:  # the merged copies first, then the pool its share
-        run.merged.refresh()
-    rollout_memory(run.offload, run.llm, run.device)
+def eval_phase(run: Run, rollout: int) -> dict[str, float]:
+    """Benchmarks of cfg.eval with the current weights, each split over all ranks (eval.py's
+    loop); with a dense cache unless eval.compress. The training state leaves the GPU for
+    it even where the plan keeps it there for rollouts, so the pool (sized now) gets all
+    the room; the next swap to training brings it back."""
+    run.swaps.to_rollout(run.llm, keep_state=False)
     cache = nullcontext() if run.cfg.eval.compress else run.llm.dense()
-    with rollout_weights(run.train_engine), cache:
-        run.llm.update_weights(sampled_model(run.train_engine, run.merged))
-        summary = evaluate(
-            run.llm,
-            run.tokenizer,
-            run.cfg.eval,
-            os.path.join(run.cfg.output_dir, "eval", f"rollout_{rollout:06d}"),
-            seed=run.cfg.seed,
-            overwrite=True,
-            problems=run.eval_problems,
-            progress=False,
-            log=lambda _: None,
-            shard=Shard(dist.rank(), dist.world_size(), dist.all_gather_object),
-            reward=run.cfg.reward,
-        )
-    metrics.update(flat_metrics(summary))
+    with run.swaps.sampling(run.llm), cache:
+        summary = evaluate(run.llm, run.tokenizer, run.cfg.eval,
+                           Path(run.cfg.output_dir) / "eval" / f"rollout_{rollout:06d}",
+                           problems=run.eval_problems, seed=run.cfg.seed, reward=run.cfg.reward, overwrite=True,
+                           progress=False, log=lambda _: None,
+                           shard=Shard(dist.rank(), dist.world_size(), dist.all_gather_object))
+    return flat_metrics(summary)
 
 
 def before_training_eval(run: Run) -> None:
     """cfg.eval on the starting weights, logged as rollout 0: the curve's first point."""
     metrics: dict[str, float] = {}
     with phase("eval", metrics, run.device):
-        eval_phase(run, 0, metrics)
+        metrics |= eval_phase(run, 0)
     metrics = reduce_metrics(metrics)
     run.logger.log(0, metrics)
     if dist.rank() == 0:
@@ -428,38 +374,36 @@ def train(run: Run, signals: StopOnSignal) -> int | None:
     bar = _progress(rollouts, cfg.num_rollout, enabled=dist.rank() == 0 and sys.stdout.isatty())
     for rollout in bar:
         run.current_rollout = rollout
-        metrics: dict[str, float] = {}
-        steps_done = run.train_engine.global_steps
-        started = time.perf_counter()
+        steps_done, started = run.train_engine.global_steps, time.perf_counter()
+        metrics: dict[str, float] = {}  # what each phase made, then its time and memory
         with phase("swap_to_rollout", metrics, run.device):
-            if run.merged is not None:  # LoRA: merged copies first, then the KV pool
-                run.merged.refresh()
-            rollout_memory(run.offload, run.llm, run.device, run.plan.keep_state)
+            run.swaps.to_rollout(run.llm)
         with phase("rollout", metrics, run.device):
-            batch = rollout_phase(run, rollout, metrics)
+            batch, made = rollout_phase(run, rollout)
+            metrics |= made
         with phase("reward", metrics, run.device):
-            reward_phase(run, batch, metrics)
+            batch, made = reward_phase(run, batch)
+            metrics |= made
         with phase("swap_to_train", metrics, run.device):
-            train_memory(run.offload, run.llm, run.device)
-            if run.merged is not None:  # LoRA: the merged copies' memory to training
-                run.merged.release()
+            run.swaps.to_training(run.llm)
         with phase("logprobs", metrics, run.device):
-            logprob_phase(run, batch, metrics)
+            batch, made = logprob_phase(run, batch)
+            metrics |= made
         with phase("update", metrics, run.device):
-            update_phase(run, batch, metrics)
-        metrics.update(perf_metrics(run, batch, metrics))
-        metrics.update(plan_metrics(run.plan, batch, cfg.num_steps_per_rollout, steps_done))
-        metrics.update(step_metrics(metrics, time.perf_counter() - started))
-        metrics.update(run.data_metrics)
+            metrics |= update_phase(run, batch)
+        run.nonfinite_steps += int(metrics["train/nonfinite_steps"])
+        metrics |= perf_metrics(run, batch, metrics)
+        metrics |= plan_metrics(run.plan, batch, cfg.num_steps_per_rollout, steps_done)
+        metrics |= step_metrics(metrics, time.perf_counter() - started) | run.data_metrics
 
         metrics = reduce_metrics(metrics)
-        metrics.update(plan_errors(metrics))  # measured / planned peaks - 1
+        metrics |= plan_errors(metrics)  # measured / planned peaks - 1
         if cfg.eval_interval and rollout % cfg.eval_interval == 0:
             with phase("eval", metrics, run.device):
-                eval_phase(run, rollout, metrics)
+                metrics |= eval_phase(run, rollout)
         run.logger.log(rollout, metrics)
         if dist.rank() == 0:
-            bar.write(summary_line(rollout, metrics, cfg.num_rollout))
+            bar.write(summary_line(rollout, metrics, COLUMNS, cfg.num_rollout))
             if rollout == run.start_rollout + 1 and (line := comparison_line(metrics)):
                 bar.write(line)
         stop = run.nonfinite_steps >= max(1, cfg.max_nonfinite_steps)
@@ -559,7 +503,8 @@ def setup_and_report(cfg: Config, args: argparse.Namespace) -> Run:
     if dist.rank() == 0:
         longest = max(len(r.prompt_ids) for r in run.rows)
         print(start_report(cfg, args.config, args.overrides, str(run.device),
-                           dist.world_size(), run.start_rollout, longest), flush=True)
+                           dist.world_size(), run.start_rollout, longest,
+                           summary_legend(COLUMNS)), flush=True)
     return run
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from minisparse.config.schema import DataConfig
 from minisparse.data.datasets import check_row
 from minisparse.data.left_out import LeftOut, UnusableRow
+from minisparse.utils.files import atomic_write
 from minisparse.data.sources import (LABEL_FIELDS, PROMPT_FIELDS, Source, find_source,
                                      known_sources, simplerl)
 
@@ -105,37 +106,31 @@ def write_jsonl(dataset, out_file: Path, source: Source, prompt_field: str | Non
     first = dataset[0]
     prompt_key = _pick(first, prompt_field, source.prompt_fields, "prompt")
     label_key = _pick(first, label_field, source.label_fields, "label")
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_file.with_suffix(out_file.suffix + ".tmp")
     seen: set[str] = set()
     count = repeated = 0
     left_out, columns = LeftOut(), DataConfig()
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            for index, row in enumerate(dataset):
-                prompt = _get(row, prompt_key)
-                left_out.rows += 1
-                try:
-                    record = {"prompt": source.prompt(prompt) if source.prompt else prompt,
-                              "label": _label(_get(row, label_key))}
-                except ValueError as exc:
-                    raise ValueError(f"row {index}: {exc}") from None
-                try:
-                    check_row(record, columns, f"row {index}")
-                except UnusableRow as exc:
-                    left_out.add(exc.reason, f"row {index}")
+    with atomic_write(out_file) as handle:
+        for index, row in enumerate(dataset):
+            prompt = _get(row, prompt_key)
+            left_out.rows += 1
+            try:
+                record = {"prompt": source.prompt(prompt) if source.prompt else prompt,
+                          "label": _label(_get(row, label_key))}
+            except ValueError as exc:
+                raise ValueError(f"row {index}: {exc}") from None
+            try:
+                check_row(record, columns, f"row {index}")
+            except UnusableRow as exc:
+                left_out.add(exc.reason, f"row {index}")
+                continue
+            line = json.dumps(record, ensure_ascii=False)
+            if source.dedupe:
+                if line in seen:
+                    repeated += 1
                     continue
-                line = json.dumps(record, ensure_ascii=False)
-                if source.dedupe:
-                    if line in seen:
-                        repeated += 1
-                        continue
-                    seen.add(line)
-                handle.write(line + "\n")
-                count += 1
-        tmp.replace(out_file)
-    finally:
-        tmp.unlink(missing_ok=True)
+                seen.add(line)
+            handle.write(line + "\n")
+            count += 1
     return count, repeated, left_out
 
 
@@ -212,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _model(args: argparse.Namespace) -> int:
     from minisparse.models.gguf import MODELS, ModelDownloadError, download_model
-    from minisparse.quiet import quiet_libraries
+    from minisparse.utils.quiet import quiet_libraries
 
     source, target = MODELS[args.model], Path(args.out) / args.model
     if (target / "config.json").is_file():

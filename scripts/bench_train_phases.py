@@ -43,10 +43,11 @@ from minisparse.models.checkpointing import checkpoint_layers, checkpointed_coun
 from minisparse.models.flops import flop_shape, peak_flops  # noqa: E402
 from minisparse.models.liger import use_liger_kernel  # noqa: E402
 from minisparse.models.loading import load_policy  # noqa: E402
-from minisparse.trainer import distributed as dist  # noqa: E402
+from minisparse.utils import distributed as dist  # noqa: E402
 from minisparse.trainer.logprobs import batch_logprobs  # noqa: E402
-from minisparse.trainer.memory.phases import TrainingStateOffload, phase  # noqa: E402
+from minisparse.trainer.memory.phases import Swaps, phase  # noqa: E402
 from minisparse.trainer.memory.plan import not_planned, plan_memory  # noqa: E402
+from minisparse.trainer.policy import Reference  # noqa: E402
 from minisparse.trainer.train_engine import build_train_engine  # noqa: E402
 
 @dataclass(frozen=True)
@@ -102,15 +103,15 @@ def apply_variant(run: train.Run, name: str) -> str:
     module = run.train_engine.module
     cfg.max_tokens_per_gpu = v.max_tokens
     cfg.model = dataclasses.replace(cfg.model, attention=v.attention, gradient_checkpointing="auto")
-    run.plan = plan_memory(cfg, run.device, dist.world_size())
+    run.plan = plan_memory(cfg, run.device, dist.world_size(), run.reference is not None)
     if run.plan.setup is None:  # no GPU: the variant's settings as given
         run.plan = not_planned(cfg)
     layers = {"plan": run.plan.checkpointed_layers if run.plan.gradient_checkpointing else 0,
               "all": None, "none": 0}[v.checkpointing]
     run.plan.logprob_tokens = run.plan.update_tokens = v.max_tokens
     words = use_attention(module, v.attention)
-    if run.ref_model is not None:  # kept on the CPU: it takes the policy's choice as is
-        run.ref_model.set_attn_implementation(module.config._attn_implementation)
+    if run.reference is not None:  # kept on the CPU: it takes the policy's choice as is
+        run.reference.module.set_attn_implementation(module.config._attn_implementation)
     checkpoint_layers(module, layers)
     fused_logprobs.KERNELS = KERNELS if v.head == "kernels" else None
     return f"{words}; {checkpointed_count(module)} layers checkpointed"
@@ -144,10 +145,11 @@ def run_variant(run: train.Run, batch: RolloutBatch, name: str) -> dict:
     attention = apply_variant(run, name)
     metrics: dict[str, float] = {}
     with phase("logprobs", metrics, run.device):
-        train.logprob_phase(run, batch, metrics)
+        batch, made = train.logprob_phase(run, batch)
+        metrics |= made
     with phase("update", metrics, run.device):
-        train.update_phase(run, batch, metrics)
-    metrics.update(train.perf_metrics(run, batch, metrics))
+        metrics |= train.update_phase(run, batch)
+    metrics |= train.perf_metrics(run, batch, metrics)
     return {"attention": attention, **metrics}
 
 
@@ -160,11 +162,12 @@ def build(cfg) -> train.Run:
                                                device.type == "cuda"), flush=True)
     ref = None
     if cfg.loss.kl_coef > 0:
-        ref = copy.deepcopy(policy).to("cpu").eval().requires_grad_(False)
+        ref = Reference(copy.deepcopy(policy).to("cpu").eval().requires_grad_(False), device)
     engine = build_train_engine(policy, cfg, cfg.num_rollout * cfg.num_steps_per_rollout, device)
+    plan = not_planned(cfg)
     return train.Run(
-        cfg=cfg, device=device, train_engine=engine, offload=TrainingStateOffload(engine),
-        ref_model=ref, llm=None, plan=not_planned(cfg), tokenizer=tokenizer, rows=[],
+        cfg=cfg, device=device, train_engine=engine, swaps=Swaps(engine, device, plan.keep_state),
+        reference=ref, llm=None, plan=plan, tokenizer=tokenizer, rows=[],
         sampler=None, logger=None,
         flops=flop_shape(policy), peak=peak_flops(cfg.log.peak_tflops, device),
     )
@@ -232,10 +235,13 @@ def profile_phases(run: train.Run, batch: RolloutBatch, name: str, rows: int) ->
     cuda = run.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    for label, fn in (("logprobs", train.logprob_phase), ("update", train.update_phase)):
+    for label in ("logprobs", "update"):
         sync()
         with profile(activities=activities) as prof:
-            fn(run, batch, {})
+            if label == "logprobs":  # the update reads what the log-prob phase adds
+                batch, _ = train.logprob_phase(run, batch)
+            else:
+                train.update_phase(run, batch)
             sync()
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
         busy = sum(e.time_range.elapsed_us() for e in kernels)

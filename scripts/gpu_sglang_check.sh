@@ -30,7 +30,7 @@ export TORCH_CUDA_ARCH_LIST=9.0
 STEPS=${STEPS:-bench,train}
 
 if [[ $STEPS == *bench* ]]; then
-    python3 -m minisparse.engine.bench --backend both --model qwen2.5-3b --device cuda \
+    python3 -m minisparse.bench --backend both --model qwen2.5-3b --device cuda \
         --batch 256 --prompt-len 160 --max-new-tokens 4096 --repeats "${REPEATS:-1}" --warmup 32 \
         --json "$LOGS/bench_native_vs_sglang.json" 2>&1 | tee "$LOGS/bench.log"
 fi

@@ -25,7 +25,7 @@ from minisparse.config.load import load_config  # noqa: E402
 from minisparse.data.synthetic import Difficulty  # noqa: E402
 from minisparse.engine import SamplingParams, engine as engine_mod  # noqa: E402
 from minisparse.engine.engine import LLMEngine  # noqa: E402
-from minisparse.evaluation import prompt_token_ids  # noqa: E402
+from minisparse.data.prompts import prompt_token_ids  # noqa: E402
 from minisparse.models.loading import load_policy  # noqa: E402
 
 

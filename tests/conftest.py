@@ -68,7 +68,7 @@ def process_group(_session_process_group):
     is the device to train on."""
     import os
 
-    from minisparse.trainer.distributed import init_distributed
+    from minisparse.utils.distributed import init_distributed
 
     saved = dict(os.environ)
     device = init_distributed()

@@ -11,7 +11,7 @@ import pytest
 
 from minisparse.config.schema import CompressConfig, EngineConfig
 from minisparse.data.benchmarks import PAPER_BENCHMARKS
-from minisparse.evaluation import protocol_for
+from minisparse.evaluation.generate import protocol_for
 
 _spec = importlib.util.spec_from_file_location(
     "eval_cli", Path(__file__).resolve().parents[1] / "eval.py")
@@ -153,7 +153,11 @@ def test_missing_model_dir_exit_2(tmp_path, data_dir, capsys):
 
 
 def resolve(*argv):
-    return eval_cli.resolve_settings(eval_cli.build_parser().parse_args(["--output", "o", *argv]))
+    """(config, eval config) as eval.py resolves them (without --run: no base model)."""
+    cfg, eval_cfg, base = eval_cli.resolve_settings(
+        eval_cli.build_parser().parse_args(["--output", "o", *argv]))
+    assert base is None
+    return cfg, eval_cfg
 
 
 def test_defaults_follow_the_paper_protocol():
@@ -239,3 +243,14 @@ def test_print_config_needs_no_output(capsys):
     assert eval_cli.main(["--model", "tiny"]) == 2
     assert capsys.readouterr().err == ("eval.py: error: give --output DIR (the results "
                                        "folder), or --run OUTPUT_DIR\n")
+
+
+def test_run_takes_no_other_model_or_config(tmp_path, capsys):
+    """--run scores the run's own checkpoint: a --model or --config beside it is refused in
+    one line, before the folder is read."""
+    for extra in (["--model", "m"], ["--config", "tiny_rkv"]):
+        assert eval_cli.main(["--run", str(tmp_path), *extra]) == 2
+        assert capsys.readouterr().err == (
+            "eval.py: error: --run scores the run's own checkpoint with its recorded config; "
+            "leave out --model and --config (or score a checkpoint with them, without "
+            "--run)\n")

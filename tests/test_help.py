@@ -5,12 +5,13 @@ import pytest
 
 import eval as eval_cli
 import train
-from minisparse import download, plot
-from minisparse.engine.bench import run as bench
+from minisparse import download
+from minisparse.plot import curves
+from minisparse.bench import run as bench
 
 PARSERS = {"train.py": train.build_parser, "eval.py": eval_cli.build_parser,
-           "minisparse.plot": plot.build_parser, "minisparse.download": download.build_parser,
-           "minisparse.engine.bench": bench.build_parser}
+           "minisparse.plot": curves.build_parser, "minisparse.download": download.build_parser,
+           "minisparse.bench": bench.build_parser}
 
 
 def _undocumented(parser: argparse.ArgumentParser) -> list[str]:

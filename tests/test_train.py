@@ -444,7 +444,7 @@ def test_ctrl_c_in_training_names_the_checkpoint_and_the_command_that_resumes(
 
 def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
     """Two ranks train and split the evaluation (2 + 1 problems); rank 0 writes the
-    gathered samples in problem order (tests/test_evaluation.py checks that the split
+    gathered samples in problem order (tests/test_eval_loop.py checks that the split
     scores equal one process's)."""
     out = tmp_path / "ddp"
     env = _env(_minisparse_cache)
@@ -690,3 +690,16 @@ def test_verbose_shows_the_libraries_output(tmp_path, _minisparse_cache):
                  cache=_minisparse_cache)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "built successfully" in res.stdout or "Writing model shards" in res.stderr
+
+
+def test_the_console_line_columns_are_explained_once_at_start():
+    """train.py names its console line's columns; the start report's last two lines explain
+    them in plain words."""
+    import train
+    from minisparse.trainer.logger import summary_legend
+
+    first, second = summary_legend(train.COLUMNS).splitlines()
+    assert first.startswith("each rollout's line: reward = mean reward, acc = share "
+                            "answered right, len = mean answer tokens")
+    assert "keep = share of tokens kept by rejection sampling" in second
+    assert second.endswith("; time = seconds per phase")

@@ -17,7 +17,8 @@ from update_helpers import grads_at_step, rollout_batch
 import train
 from minisparse.config.schema import Config
 from minisparse.trainer.logprobs import response_logprobs
-from minisparse.trainer.memory.plan import MemoryPlan
+from minisparse.trainer.memory.choices import MemoryPlan
+from minisparse.trainer.policy import Reference
 from minisparse.trainer.train_engine import build_train_engine
 
 pytestmark = pytest.mark.algorithm
@@ -41,9 +42,9 @@ def _run(device: torch.device) -> train.Run:
     engine = build_train_engine(_model(seed=0).to(device), cfg, total_steps=10, device=device)
     plan = MemoryPlan(gradient_checkpointing=False, optimizer_offload=False, logprob_tokens=8,
                       update_tokens=cfg.max_tokens_per_gpu)
-    return train.Run(cfg=cfg, device=device, train_engine=engine, offload=None,
-                     ref_model=_model(seed=1).eval(), llm=None, plan=plan, tokenizer=None,
-                     rows=[], sampler=None, logger=None)
+    return train.Run(cfg=cfg, device=device, train_engine=engine, swaps=None,
+                     reference=Reference(_model(seed=1).eval(), device), llm=None, plan=plan,
+                     tokenizer=None, rows=[], sampler=None, logger=None)
 
 
 def _logprobs(model: torch.nn.Module) -> torch.Tensor:
@@ -74,13 +75,12 @@ def test_logprob_and_update_phases_by_value(process_group):
     run = _run(process_group)
     policy = run.train_engine.module
     with torch.no_grad():
-        old, ref = _logprobs(policy).cpu(), _logprobs(run.ref_model.to(run.device)).cpu()
-    run.ref_model.cpu()
+        old, ref = _logprobs(policy).cpu(), _logprobs(run.reference.module.to(run.device)).cpu()
+    run.reference.module.cpu()
     batch = rollout_batch(ex.PROMPTS, ex.RESPONSES, old - torch.tensor(ex.S).log())
     batch.advantages = ex.ADVANTAGES
 
-    metrics: dict[str, float] = {}
-    train.logprob_phase(run, batch, metrics)
+    batch, metrics = train.logprob_phase(run, batch)
     torch.testing.assert_close(batch.old_logp * batch.response_mask, old * ex.MASK)
     torch.testing.assert_close(batch.ref_logp * batch.response_mask, ref * ex.MASK)
     keep, weights = ex.expected()  # the table's sampler ratios, token level
@@ -98,8 +98,7 @@ def test_logprob_and_update_phases_by_value(process_group):
     assert 0.0 < want["clip_frac"] < 1.0 and want["ratio_mean"] != pytest.approx(1.0, abs=1e-3)
 
     grads = grads_at_step(run.train_engine)
-    metrics = {}
-    train.update_phase(run, batch, metrics)
+    metrics = train.update_phase(run, batch)
     for name, value in want.items():
         assert metrics[f"train/{name}"] == pytest.approx(value, rel=1e-4, abs=1e-6), name
     assert metrics["train/nonfinite_steps"] == 0.0 and metrics["train/step"] == 1.0

@@ -1,10 +1,15 @@
 """For tests that run the update in-process: a rollout batch as the rollout phase leaves
-it, and the gradients a DeepSpeed engine's steps apply."""
+it, train.py's update phase on an engine, and the gradients a DeepSpeed engine's steps
+apply."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import torch
 
+from minisparse.config.schema import Config
 from minisparse.grpo.rollout import RolloutBatch
+from minisparse.trainer.memory.choices import MemoryPlan
 
 
 def rollout_batch(prompts: list[list[int]], responses: list[list[int]],
@@ -34,3 +39,17 @@ def grads_at_step(engine) -> dict[str, torch.Tensor]:
 
     engine.step = recording_step
     return grads
+
+
+def update(engine, batch: RolloutBatch, cfg: Config, offload=None) -> dict[str, float]:
+    """train.py's update phase: cfg.num_steps_per_rollout optimizer steps on batch, their
+    metrics averaged (train/nonfinite_steps: the steps skipped); offload: what stands in
+    for the optimizer state's moves where the memory plan offloads it."""
+    import train
+
+    plan = MemoryPlan(gradient_checkpointing=False, optimizer_offload=offload is not None,
+                      logprob_tokens=cfg.max_tokens_per_gpu, update_tokens=cfg.max_tokens_per_gpu)
+    run = train.Run(cfg=cfg, device=None, train_engine=engine,
+                    swaps=SimpleNamespace(offload=offload), reference=None, llm=None, plan=plan,
+                    tokenizer=None, rows=[], sampler=None, logger=None)
+    return train.update_phase(run, batch)

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from minisparse.kernels import triton_module
+from minisparse.utils.kernels import triton_module
 
 NORM_EPS = 1e-8
 

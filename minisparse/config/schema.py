@@ -315,7 +315,7 @@ class LogConfig:
     # Peak dense TFLOP/s per GPU for perf/*_mfu; 0: by device name (models/flops.py).
     peak_tflops: NonNegative = 0.0
     # Show the libraries' own output too: DeepSpeed's start-up lines, transformers' loading
-    # and saving bars and tokenizer warnings (minisparse/quiet.py); off: the run's alone.
+    # and saving bars and tokenizer warnings (minisparse/utils/quiet.py); off: the run's alone.
     verbose: bool = False
 
 

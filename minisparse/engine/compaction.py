@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from minisparse.engine.kv_pool import KVPool
-from minisparse.kernels import triton_module
+from minisparse.utils.kernels import triton_module
 
 _GATHER_BYTES = 1 << 30  # cap on the gathered keys per group of sequences
 

@@ -20,7 +20,7 @@ from minisparse.engine.layers.attention import AttnContext
 from minisparse.engine.models import CausalLM
 from minisparse.engine.sequence import Sequence
 from minisparse.engine.step import decode_forward, sample_hidden
-from minisparse.transfer import to_device
+from minisparse.utils.transfer import to_device
 
 _ALIGN = 16  # attended length is padded to a multiple of this (SDPA mask alignment)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from minisparse.engine.layers import paged_decode
 from minisparse.engine.layers.attention import AttnContext, attend, paged_attention
-from minisparse.kernels import triton_module
+from minisparse.utils.kernels import triton_module
 
 
 def fused_ops(h: torch.Tensor):

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TextIO
 
-from minisparse import heartbeat
+from minisparse.utils import heartbeat
 
 LINE_EVERY_S = heartbeat.EVERY_S  # a log file gets a line this often during a long call
 REFRESH_S = 0.5  # the bar is redrawn at most this often

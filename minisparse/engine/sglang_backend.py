@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from minisparse.config.schema import CompressConfig, ConfigError, EngineConfig
-from minisparse.engine.bench.bound import kv_bytes_per_token
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for
+from minisparse.models.loading import kv_bytes_per_token
 from minisparse.engine.sequence import GenerateStats, SampleOutput
 from minisparse.models.loading import attention_heads
 

@@ -11,7 +11,7 @@ from minisparse.engine.kv_pool import KVPool
 from minisparse.engine.layers.attention import AttnContext
 from minisparse.engine.layers.sampler import sample
 from minisparse.engine.models import CausalLM
-from minisparse.kernels import triton_module
+from minisparse.utils.kernels import triton_module
 
 
 def sample_hidden(lm: CausalLM, hidden: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,

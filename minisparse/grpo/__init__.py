@@ -1,4 +1,4 @@
-"""GRPO with the Sparse-RL corrections: the algorithm, and nothing else.
+"""GRPO with the Sparse-RL corrections: the algorithm alone, as functions of tensors.
 
 Read in the order a rollout uses it:
   rollout           a prompt's n samples and their rewards (the group GRPO compares)
@@ -7,8 +7,8 @@ Read in the order a rollout uses it:
   mismatch          how far the sampler (a compressed KV cache) is from the dense policy
   corrections       Sparse-RL: importance weights, rejection, veto, normalisation
   loss              PPO clip, KL to the reference, entropy, aggregation
-  update            one optimizer step: micro-batch losses combined, then the step
+  objective         one micro-batch's loss, from the rollout batch and the current log-probs
 
-The machinery that feeds a DeepSpeed policy (memory plan and phases, checkpoints, ranks,
-logging) is minisparse.trainer's; the training passes' kernels sit with the models.
+How a policy is stepped on that loss (backward, micro-batches, ranks, the memory plan,
+checkpoints, logging) is minisparse.trainer's; train.py joins the two.
 """

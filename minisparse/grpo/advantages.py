@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from minisparse.config.schema import LossConfig
-from minisparse.trainer.distributed import Sum, all_reduce
+from minisparse.utils.distributed import Sum, all_reduce
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from minisparse.config.schema import LossConfig
-from minisparse.trainer.distributed import Max, Sum, all_reduce
+from minisparse.utils.distributed import Max, Sum, all_reduce
 
 LOG_RATIO_CLAMP = 20.0
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from minisparse.trainer.distributed import Max, Sum, all_reduce
+from minisparse.utils.distributed import Max, Sum, all_reduce
 from minisparse.grpo.rollout import RolloutBatch, take_samples
 
 

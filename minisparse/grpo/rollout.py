@@ -15,7 +15,7 @@ import torch
 from minisparse.config.schema import Config, RewardConfig
 from minisparse.data.datasets import PromptRow
 from minisparse.engine.config import SamplingParams
-from minisparse.trainer.distributed import Max
+from minisparse.utils.distributed import Max
 
 
 @dataclass

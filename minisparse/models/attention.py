@@ -31,7 +31,7 @@ from torch import Tensor
 
 from minisparse.config.schema import Attention, ConfigError, choices
 from minisparse.models.loading import attention_heads
-from minisparse.transfer import to_device
+from minisparse.utils.transfer import to_device
 
 NAME = "minisparse_varlen"  # torch's varlen kernel
 # flash-attn-4's (no "flash" in the name: transformers takes such a name for its own kernels)

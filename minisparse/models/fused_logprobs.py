@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.kernels import triton_module
+from minisparse.utils.kernels import triton_module
 
 
 def _chunk_stats(

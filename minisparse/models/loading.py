@@ -8,9 +8,12 @@ downloading weights; they are built on the meta device and initialised in place 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisparse.config.schema import Dtype, choices
+
+if TYPE_CHECKING:
+    import torch
 
 _QWEN_COMMON = dict(
     vocab_size=151936,
@@ -147,6 +150,12 @@ def attention_heads(config: Any) -> tuple[int, int, int]:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return heads, getattr(config, "num_key_value_heads", None) or heads, head_dim
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """K and V bytes one cached token holds over all layers of an HF config's model."""
+    _, kv_heads, head_dim = attention_heads(config)
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
 
 
 def model_config(path: str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.trainer.distributed import all_reduce
+from minisparse.utils.distributed import all_reduce
 
 
 def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -45,7 +45,7 @@ import torch
 
 from minisparse.models.lora import ADAPTER_DIR, lora_enabled, save_adapter, save_merged
 from minisparse.trainer.disk import disk_full_message, ran_out_of_space
-from minisparse.trainer.distributed import barrier, rank
+from minisparse.utils.distributed import barrier, rank
 from minisparse.trainer.manifest import MANIFEST, manifest_problem, write_manifest
 from minisparse.trainer.safe_load import unsafe_reason
 from minisparse.trainer.universal import TAG, deepspeed_state
@@ -410,3 +410,20 @@ def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:
     if rng_file.is_file():  # absent when resuming on more ranks than were saved
         set_rng_state(torch.load(rng_file, weights_only=True))
     return state
+
+
+def resume(path: Path | None, train_engine, sampler) -> tuple[int, int]:
+    """(rollouts done, non-finite steps so far) once checkpoint `path` is loaded into the
+    engine and the prompt sampler (data.datasets.PromptSampler); (0, 0) for a new run."""
+    if path is None:
+        return 0, 0
+    state = load_checkpoint(path, train_engine)
+    try:  # pre-flight compared seed, shuffle and the data's rows; here the rows kept
+        sampler.load_state_dict(state["sampler"])
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {path.name} does not fit this run's data ({exc}); "
+                              f"resume with the data, data.max_prompt_len and seed it was "
+                              f"trained with, or give a new output_dir") from None
+    if rank() == 0:
+        print(f"resumed from {path} (rollout {state['rollout']}, step {state['step']})")
+    return int(state["rollout"]), int(state.get("nonfinite_steps", 0))

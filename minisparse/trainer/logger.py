@@ -7,29 +7,23 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from minisparse.trainer.distributed import Max, Sum, all_reduce, world_size
+from minisparse.utils.distributed import Max, Sum, all_reduce, world_size
+from minisparse.utils.files import atomic_write
 
-# (column, metric, what it means in plain words: the legend printed once at start)
-SUMMARY = (
-    ("reward", "rollout/reward_mean", "mean reward"),
-    ("acc", "rollout/accuracy", "share answered right"),
-    ("len", "rollout/response_len_mean", "mean answer tokens"),
-    ("pg", "train/pg_loss", "policy-gradient loss"),
-    ("kl", "train/kl", "KL from the reference model"),
-    ("gnorm", "train/grad_norm", "gradient norm"),
-    ("keep", "rs/kept_token_frac", "share of tokens kept by rejection sampling"),
-    ("tok/s", "perf/rollout_tokens_per_s", "sampling speed"),
-)
+# A column of the per-rollout console line: (label, metric, what it means in plain words,
+# for the legend printed once at start). The loop names its columns (train.py).
+Column = tuple[str, str, str]
 
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Metrics over all ranks: Sum values added, Max values maximised, others averaged
-    (see trainer/distributed.py). Every rank must call it with the same keys (they run the same
+    (see utils/distributed.py). Every rank must call it with the same keys (they run the same
     code path)."""
     if world_size() == 1:
         return dict(metrics)
@@ -84,7 +78,7 @@ class MetricsLogger:
 
     def drop_after(self, rollout: int) -> None:
         """On resume: forget rows of rollouts after the checkpoint (they are redone), and a
-        torn last line of a killed run. Rewritten through a temporary file and a rename."""
+        torn last line of a killed run. Rewritten atomically."""
         if not self.enabled or not self.path.is_file():
             return
         rows = []
@@ -95,9 +89,8 @@ class MetricsLogger:
                 continue  # a write cut short by the kill
             if isinstance(row, dict) and row.get("rollout", math.inf) <= rollout:
                 rows.append(line)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(row + "\n" for row in rows))
-        tmp.replace(self.path)
+        with atomic_write(self.path) as f:
+            f.write("".join(row + "\n" for row in rows))
 
     def log(self, rollout: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -123,18 +116,20 @@ class MetricsLogger:
             self.wandb.finish()
 
 
-def summary_legend() -> str:
+def summary_legend(columns: Sequence[Column]) -> str:
     """The per-rollout line's columns explained once (two lines), so a newcomer can read it."""
-    words = [f"{label} = {meaning}" for label, _, meaning in SUMMARY]
+    words = [f"{label} = {meaning}" for label, _, meaning in columns]
     half = len(words) // 2
     return (f"each rollout's line: {', '.join(words[:half])},\n"
             f"  {', '.join(words[half:])}; time = seconds per phase")
 
 
-def summary_line(rollout: int, metrics: dict[str, float], total: int | None = None) -> str:
-    """'rollout 3/10 | reward 0.41 | acc 0.38 | ...' from whichever keys are present."""
+def summary_line(rollout: int, metrics: dict[str, float], columns: Sequence[Column],
+                 total: int | None = None) -> str:
+    """'rollout 3/10 | reward 0.41 | acc 0.38 | ...': the columns whose metrics are present,
+    then the phases' seconds."""
     parts = [f"rollout {rollout}" + (f"/{total}" if total else "")]
-    for label, key, _ in SUMMARY:
+    for label, key, _ in columns:
         if key in metrics:
             parts.append(f"{label} {metrics[key]:.4g}")
     phases = [k for k in metrics if k.startswith("time/")]

@@ -17,7 +17,7 @@ from torch import nn
 from minisparse.models.attention import PACKED, packing_kwargs
 from minisparse.trainer.batching import pack_by_tokens
 from minisparse.models.fused_logprobs import entropy_from, fused_logprobs
-from minisparse.transfer import to_device
+from minisparse.utils.transfer import to_device
 
 
 def pack_sequences(

@@ -22,7 +22,7 @@ from minisparse.engine import check_backend
 from minisparse.trainer.checkpoint import (CheckpointError, check_pickles, checkpoint_root,
                                            complete_checkpoints, remove_stale, trainer_state,
                                            usable_checkpoint)
-from minisparse.trainer.distributed import all_gather_object, rank
+from minisparse.utils.distributed import all_gather_object, rank
 from minisparse.trainer.report import continue_command
 from minisparse.trainer.run_config import record_config, settings_change
 from minisparse.trainer.run_lock import RunLock, hold_output_dir

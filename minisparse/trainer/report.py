@@ -16,7 +16,6 @@ from minisparse.compression.trigger import first_compression_len
 from minisparse.config.load import load_config, shipped_configs
 from minisparse.config.schema import Config, ConfigError
 from minisparse.trainer.checkpoint import damage, latest_checkpoint, trainer_state
-from minisparse.trainer.logger import summary_legend
 from minisparse.trainer.run_config import check_same_settings
 from minisparse.models.loading import SHAPES
 
@@ -69,8 +68,9 @@ def cache_line(cfg: Config, longest_prompt: int) -> str:
 
 
 def start_report(cfg: Config, config: str, overrides: list[str], device: str,
-                 processes: int, start_rollout: int, longest_prompt: int) -> str:
-    """Lines printed once the run is set up, before its first rollout."""
+                 processes: int, start_rollout: int, longest_prompt: int, legend: str) -> str:
+    """Lines printed once the run is set up, before its first rollout; the last, `legend`,
+    explains the per-rollout line's columns (logger.summary_legend)."""
     source = f"config: {config}"
     if overrides:
         source += f", with {' '.join(overrides)}"
@@ -92,7 +92,7 @@ def start_report(cfg: Config, config: str, overrides: list[str], device: str,
         cache_line(cfg, longest_prompt),
         f"outputs: {cfg.output_dir} (metrics.jsonl, "
         + ("tensorboard/, " if cfg.log.tensorboard else "") + saves + ")",
-        summary_legend(),
+        legend,
     ])
 
 

@@ -16,6 +16,7 @@ import yaml
 
 from minisparse.config.load import config_to_dict, dump_config
 from minisparse.config.schema import Config, ConfigError
+from minisparse.utils.files import atomic_write
 
 RUN_CONFIG = "config.yaml"
 # Keys that may change between commands in one output_dir, because they do not change
@@ -43,11 +44,8 @@ def run_config_path(output_dir: str | Path) -> Path:
 def record_config(cfg: Config) -> None:
     """Write cfg as the settings of the run in cfg.output_dir (rank 0, with the folder
     held: run_lock.py), through a temporary file so a reader never sees half of it."""
-    path = run_config_path(cfg.output_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dump_config(cfg))
-    tmp.replace(path)
+    with atomic_write(run_config_path(cfg.output_dir)) as f:
+        f.write(dump_config(cfg))
 
 
 def recorded_settings(output_dir: str | Path) -> dict | None:

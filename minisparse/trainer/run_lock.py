@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from minisparse.trainer.distributed import all_gather_object, rank
+from minisparse.utils.distributed import all_gather_object, rank
 
 LOCK_FILE = ".run.lock"
 BUSY_READ_TRIES = 20  # a holder writes its record just after locking: up to 1 s for it

@@ -26,7 +26,7 @@ from types import FrameType
 
 import torch
 
-from minisparse.trainer.distributed import all_reduce
+from minisparse.utils.distributed import all_reduce
 
 ECHO_S = 1.0  # a repeat of the signal this soon after the first is a launcher's echo
 SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from minisparse.config.schema import Config
-from minisparse.trainer.distributed import world_size
-from minisparse.quiet import hidden_prints
+from minisparse.utils.distributed import world_size
+from minisparse.utils.quiet import hidden_prints
 
 
 def lr_factor(step: int, cfg: Config, total_steps: int) -> float:
@@ -68,13 +68,22 @@ def overlaps_reduction(on_gpu: bool, world: int, zero_stage: int) -> bool:
 
 
 def zero_stage_of(cfg: Config) -> int:
-    """The ZeRO stage a run builds DeepSpeed with. train.py writes the memory plan's choice
-    over zero_stage=auto; without a plan auto is ZeRO 2, which holds the least."""
+    """The ZeRO stage zero_stage names where no memory plan chose one: auto is ZeRO 2, which
+    holds the least (a run passes its plan's choice to build_train_engine)."""
     return 2 if cfg.zero_stage == "auto" else cfg.zero_stage
 
 
-def deepspeed_config(cfg: Config, on_gpu: bool, world: int = 1) -> dict[str, Any]:
-    stage = zero_stage_of(cfg)
+def cpu_adam_of(cfg: Config) -> bool:
+    """Whether optimizer_offload names DeepSpeed's CPU Adam where no memory plan chose."""
+    return cfg.optimizer_offload == "cpu_adam"
+
+
+def deepspeed_config(cfg: Config, on_gpu: bool, world: int = 1, stage: int | None = None,
+                     cpu_adam: bool | None = None) -> dict[str, Any]:
+    """DeepSpeed's settings; stage and cpu_adam: the memory plan's choices (None: as the
+    settings name them, zero_stage_of and cpu_adam_of)."""
+    stage = zero_stage_of(cfg) if stage is None else stage
+    cpu_adam = cpu_adam_of(cfg) if cpu_adam is None else cpu_adam
     zero: dict[str, Any] = {
         "stage": stage,
         "contiguous_gradients": True,
@@ -82,7 +91,7 @@ def deepspeed_config(cfg: Config, on_gpu: bool, world: int = 1) -> dict[str, Any
     }
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
-    if cfg.optimizer_offload == "cpu_adam":  # ZeRO-Offload: state and step on the CPU
+    if cpu_adam:  # ZeRO-Offload: state and step on the CPU
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return {
         "train_micro_batch_size_per_gpu": 1,
@@ -150,13 +159,14 @@ def cpu_adam_missing() -> str:
     return ", ".join(missing)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: Config, on_gpu: bool) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg: Config, on_gpu: bool,
+                   cpu_adam: bool | None = None) -> torch.optim.Optimizer:
     """torch AdamW (fused on GPU); DeepSpeed's CPU Adam (AdamW's update, decoupled weight
-    decay) under optimizer_offload=cpu_adam."""
+    decay) with cpu_adam (None: as optimizer_offload names it)."""
     o = cfg.optim
     groups = param_groups(model, o.weight_decay)
     betas = (o.adam_beta1, o.adam_beta2)
-    if cfg.optimizer_offload == "cpu_adam":
+    if cpu_adam_of(cfg) if cpu_adam is None else cpu_adam:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         missing = cpu_adam_missing()
@@ -181,13 +191,16 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, on_gpu: bool) -> torch.o
     return torch.optim.AdamW(groups, lr=o.lr, betas=betas, eps=o.adam_eps, fused=on_gpu)
 
 
-def build_train_engine(model: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device):
-    """DeepSpeed engine around model with AdamW + LR schedule from cfg.optim."""
+def build_train_engine(model: torch.nn.Module, cfg: Config, total_steps: int,
+                       device: torch.device, zero_stage: int | None = None,
+                       cpu_adam: bool | None = None):
+    """DeepSpeed engine around model with AdamW + LR schedule from cfg.optim; zero_stage
+    and cpu_adam: the memory plan's choices (None: as the settings name them)."""
     import deepspeed
 
     skip_unused_ops(deepspeed)
     on_gpu = device.type == "cuda"
-    optimizer = make_optimizer(model, cfg, on_gpu)
+    optimizer = make_optimizer(model, cfg, on_gpu, cpu_adam)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, cfg, total_steps)
     )
@@ -196,7 +209,7 @@ def build_train_engine(model: torch.nn.Module, cfg: Config, total_steps: int, de
             model=model,
             optimizer=optimizer,
             lr_scheduler=scheduler,
-            config=deepspeed_config(cfg, on_gpu, world_size()),
+            config=deepspeed_config(cfg, on_gpu, world_size(), zero_stage, cpu_adam),
             dist_init_required=False,
         )
     return engine

@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from minisparse.quiet import hidden_bars, hidden_prints
-from minisparse.trainer.distributed import all_gather_object, barrier, rank, world_size
+from minisparse.utils.quiet import hidden_bars, hidden_prints
+from minisparse.utils.distributed import all_gather_object, barrier, rank, world_size
 
 TAG = "state"  # the DeepSpeed tag checkpoint.py saves under ds/
 RESHARDED_STAGES = (1, 2)  # ZeRO 0 needs no resharding; ZeRO 3's is refused (above)

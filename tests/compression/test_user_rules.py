@@ -18,7 +18,7 @@ import eval as eval_cli
 from minisparse.compression import RKV, RuleError, ScoringRule, build_policy, rule_class
 from minisparse.config.schema import CompressConfig
 from minisparse.config.schema import rule_names
-from minisparse.engine.bench import run as bench
+from minisparse.bench import run as bench
 
 from .helpers import doc_rule_module, make_inputs
 

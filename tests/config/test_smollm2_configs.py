@@ -72,7 +72,7 @@ def test_every_prompt_has_the_stated_length_with_the_real_tokenizer():
     from transformers import AutoTokenizer
 
     from minisparse.data.datasets import load_prompts
-    from minisparse.evaluation import prompt_token_ids
+    from minisparse.data.prompts import prompt_token_ids
 
     tok = AutoTokenizer.from_pretrained(MODEL)
     cfg = load_config("smollm2_rkv")

@@ -7,7 +7,7 @@ from types import ModuleType
 import torch
 from triton_interpreter import import_interpreted
 
-from minisparse.engine.bench.decode import Case, make_case  # noqa: F401  (moved there)
+from minisparse.bench.decode import Case, make_case  # noqa: F401  (moved there)
 
 
 def naive_reference(c: Case) -> torch.Tensor:

@@ -43,7 +43,7 @@ def engine(model, tok, seqs: int, compress=None):
 def math_prompts(tok, n: int) -> list[list[int]]:
     """The first n MATH500 problems as eval.py prompts them (chat template), token ids."""
     from minisparse.data.benchmarks import load_benchmark
-    from minisparse.evaluation import prompt_token_ids
+    from minisparse.data.prompts import prompt_token_ids
 
     problems = load_benchmark("math500", MATH500.parents[1], limit=n)
     return [prompt_token_ids(tok, p.question, "chat") for p in problems]

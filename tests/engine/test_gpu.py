@@ -233,7 +233,7 @@ def test_sleep_releases_pool_memory(gpu_model):
 
 
 def test_fraction_sized_pool_and_bench(tmp_path):
-    from minisparse.engine.bench.run import parse_args, run
+    from minisparse.bench.run import parse_args, run
 
     path = tmp_path / "bench.json"
     result = run(parse_args(["--model", "tiny", "--device", "cuda", "--batch", "16",

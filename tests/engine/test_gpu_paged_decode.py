@@ -48,7 +48,7 @@ def test_full_batch_vs_reference(mean):
 
 @pytest.mark.parametrize("mean", [640, 4096])
 def test_print_timing_vs_gather_sdpa(mean):
-    from minisparse.engine.bench.decode import bench_one, parse_args
+    from minisparse.bench.decode import bench_one, parse_args
 
     r = bench_one(256, mean, parse_args(["--rep", "100"]))
     print(f"\nB=256 L~{mean} bf16 16/2 D=128: triton {r['ms']:.4f} ms ({r['gbs']:.0f} GB/s), "
@@ -62,7 +62,7 @@ def test_fa3_from_sgl_kernel_on_the_same_pool(mean):
     """bench_decode --fa3: sgl-kernel's FA3 reads the engine's pool and page table as they
     are and agrees with the reference (where SGLang is installed)."""
     pytest.importorskip("sgl_kernel")
-    from minisparse.engine.bench.decode import bench_one, parse_args
+    from minisparse.bench.decode import bench_one, parse_args
 
     r = bench_one(256, mean, parse_args(["--rep", "100", "--fa3"]))
     print(f"\nB=256 L~{mean}: triton {r['ms']:.4f} ms, fa3 {r['fa3_ms']:.4f} ms "

@@ -36,7 +36,7 @@ def test_engine_greedy_equals_transformers_generate():
     from minisparse.config.schema import EngineConfig
     from minisparse.engine import SamplingParams
     from minisparse.engine.engine import LLMEngine
-    from minisparse.evaluation import prompt_token_ids
+    from minisparse.data.prompts import prompt_token_ids
     from minisparse.models.loading import load_policy
 
     model, tok = load_policy(str(MODEL), "bfloat16", "cuda")

@@ -38,7 +38,7 @@ def test_engine_greedy_equals_transformers_on_math_prompts():
     from minisparse.data.benchmarks import load_benchmark
     from minisparse.engine import SamplingParams
     from minisparse.engine.engine import LLMEngine
-    from minisparse.evaluation import prompt_token_ids
+    from minisparse.data.prompts import prompt_token_ids
     from minisparse.models.loading import load_policy
 
     model, tok = load_policy(str(MODEL), "bfloat16", "cuda")

@@ -178,7 +178,7 @@ def test_fa3_comparison_names_what_is_missing():
     line says it before any timing, without a traceback)."""
     import importlib.util
 
-    from minisparse.engine.bench.decode import fa3_decode
+    from minisparse.bench.decode import fa3_decode
 
     if importlib.util.find_spec("sgl_kernel") is not None:
         pytest.skip("sgl-kernel is installed here")
@@ -188,7 +188,7 @@ def test_fa3_comparison_names_what_is_missing():
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "minisparse.engine.bench.decode", "--fa3"],
+    run = subprocess.run([sys.executable, "-m", "minisparse.bench.decode", "--fa3"],
                          capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[2])
     assert run.returncode != 0 and "needs sgl-kernel" in run.stderr

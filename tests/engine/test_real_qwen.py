@@ -47,6 +47,7 @@ def top2(model, ids: list[int]):
 @needs_math500
 def test_engine_greedy_equals_transformers_on_math_prompts(qwen):
     from minisparse.engine import SamplingParams
+    from minisparse.data.prompts import prompt_token_ids
 
     model, tok = qwen
     prompts = math_prompts(tok, PROMPTS)
@@ -78,7 +79,7 @@ def test_the_model_adds_25_and_17(qwen):
     """The download is the real model: greedy, it answers a sum in the eval prompt."""
     from minisparse.data.reward import grade
     from minisparse.engine import SamplingParams
-    from minisparse.evaluation import prompt_token_ids
+    from minisparse.data.prompts import prompt_token_ids
 
     model, tok = qwen
     prompt = prompt_token_ids(tok, "What is 25 + 17?", "chat")

@@ -23,7 +23,7 @@ from minisparse.config.load import load_config
 from minisparse.config.schema import EngineConfig
 from minisparse.engine import (LLMEngine, RolloutBackend, SamplingParams, check_backend,
                                make_backend)
-from minisparse.engine.bench import run as bench
+from minisparse.bench import run as bench
 from minisparse.engine.engine import eos_token_ids
 from minisparse.engine.layers.sampler import seed_for
 from minisparse.engine.sglang_backend import (

@@ -1,6 +1,6 @@
 import json
 
-from minisparse.trainer.logger import MetricsLogger, reduce_metrics, summary_line
+from minisparse.trainer.logger import MetricsLogger, reduce_metrics, summary_legend, summary_line
 
 
 def test_jsonl_rows_and_drop_after(tmp_path):
@@ -46,16 +46,23 @@ def test_single_process_reduce_keeps_values_and_order():
     assert list(reduce_metrics(m).items()) == list(m.items())
 
 
-def test_summary_line():
-    line = summary_line(3, {"rollout/reward_mean": 0.5, "train/kl": 0.001, "time/update_s": 1.25})
+COLUMNS = (("reward", "rollout/reward_mean", "mean reward"), ("acc", "rollout/accuracy", "right"),
+           ("kl", "train/kl", "KL"))
+
+
+def test_summary_line_and_legend():
+    line = summary_line(3, {"rollout/reward_mean": 0.5, "train/kl": 0.001, "time/update_s": 1.25},
+                        COLUMNS)
     assert line == "rollout 3 | reward 0.5 | kl 0.001 | time update=1.2s"
-    assert summary_line(3, {"rollout/accuracy": 0.25}, total=10) == "rollout 3/10 | acc 0.25"
+    assert summary_line(3, {"rollout/accuracy": 0.25}, COLUMNS, total=10) == "rollout 3/10 | acc 0.25"
+    assert summary_legend(COLUMNS) == ("each rollout's line: reward = mean reward,\n"
+                                       "  acc = right, kl = KL; time = seconds per phase")
 
 
 def test_reduce_over_ranks_follows_the_value_type(monkeypatch):
     """Two ranks with equal values: Sum doubles, Max and plain floats keep the value."""
     import minisparse.trainer.logger as logger
-    from minisparse.trainer.distributed import Max, Sum
+    from minisparse.utils.distributed import Max, Sum
 
     monkeypatch.setattr(logger, "world_size", lambda: 2)
     monkeypatch.setattr(logger, "all_reduce",

@@ -3,13 +3,13 @@
 paged_decode_attention runs the Triton kernel (triton_decode) for CUDA tensors when Triton
 imports, and otherwise a PyTorch reference that gathers the cache (fine on CPU, where the
 engine runs tiny models in tests). The Triton module is imported lazily, on the first CUDA
-call (minisparse.kernels).
+call (minisparse.utils.kernels).
 """
 from __future__ import annotations
 
 import torch
 
-from minisparse.kernels import triton_module
+from minisparse.utils.kernels import triton_module
 
 
 def triton_kernels(x: torch.Tensor):

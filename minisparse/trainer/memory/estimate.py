@@ -62,12 +62,7 @@ bPt to the weights, no LM-head gradient is made (the head is frozen), no referen
 visits (the reference pass is the policy with its adapters off), and the rollout holds
 the merged copy of the adapted weights (b a weight; freed for the training phases).
 
-Checked on an H100 80GB (Qwen2.5-3B shape, one GPU, ZeRO 2, Liger; measured / estimated,
-GiB): update 64.0 / 64.1 for one 4,247-token sequence without checkpointing, 74.4 / 74.9
-for one 8,343-token sequence, 74.7 / 74.4 for two sequences packed into 8,189 tokens;
-optimizer step 63.3 / 63.2 (57.5 / 57.5 for the first); log-probs with the reference
-model 46.5 / 46.3 at 4,247 tokens, 47.4 / 47.3 at 16,535. ZeRO 2 over two H200s, 8,192-token
-micro-batches: update 107.9 / 108.1 for Qwen2.5-7B (untied head), 53.9 / 53.1 for the 3B.
+How close the estimates came to measured peaks: docs/training.md, "Memory plan".
 """
 
 from __future__ import annotations
@@ -78,7 +73,7 @@ import torch
 
 from minisparse.compression.trigger import max_cache_tokens
 from minisparse.config.schema import Config, LoraConfig
-from minisparse.trainer.train_engine import overlaps_reduction, zero_stage_of
+from minisparse.trainer.train_engine import cpu_adam_of, overlaps_reduction, zero_stage_of
 from minisparse.models.loading import attention_heads
 
 GIB = 1024**3
@@ -180,7 +175,11 @@ def lora_sizes(shape: ModelShape, lora: LoraConfig) -> tuple[int, int]:
             shape.layers * sum(a * b for a, b in adapted))
 
 
-def setup_of(cfg: Config, shape: ModelShape, world: int, liger: bool) -> Setup:
+def setup_of(cfg: Config, shape: ModelShape, world: int, liger: bool, reference: bool) -> Setup:
+    """What cfg puts on each of `world` GPUs for a model of this shape; liger: Liger's
+    kernels run the training passes; reference: the loss needs a reference policy's
+    log-probs (a copy of the policy visits for them, but under LoRA, whose reference is the
+    base with its adapters off)."""
     dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[cfg.model.dtype]
     per_rank = cfg.rollout_batch_size * cfg.n_samples_per_prompt // world
     lora = cfg.model.lora.enabled
@@ -190,12 +189,12 @@ def setup_of(cfg: Config, shape: ModelShape, world: int, liger: bool) -> Setup:
         longest=cfg.data.max_prompt_len + cfg.max_response_len,
         max_tokens=cfg.max_tokens_per_gpu, logprob_chunk=cfg.model.logprob_chunk,
         liger=liger, sdpa=cfg.model.attention == "sdpa",
-        reference=cfg.loss.kl_coef > 0 and not lora,  # LoRA: the base is the reference
+        reference=reference and not lora,
         trainable=trainable, merged=merged,
         kv_memory=int(cfg.engine.kv_memory_gb * GIB), kv_fraction=cfg.engine.kv_memory_fraction,
         max_num_seqs=cfg.engine.max_num_seqs,
         rollout_sequences=min(cfg.engine.max_num_seqs, per_rank),
-        rollout_cache=rollout_cache_tokens(cfg), cpu_adam=cfg.optimizer_offload == "cpu_adam")
+        rollout_cache=rollout_cache_tokens(cfg), cpu_adam=cpu_adam_of(cfg))
 
 
 # ------------------------------------------------------------------------ the estimates

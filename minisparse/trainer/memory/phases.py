@@ -1,6 +1,11 @@
 """The phase switches: the swap of GPU memory between the rollout engine (KV pool) and
 the trainer (optimizer states), and each phase's wall time and peak GPU memory.
 
+`Swaps` is what the loop calls: to_rollout before a rollout (or an evaluation), to_training
+after it, and `sampling` around the engine's generate calls. Under LoRA the engine samples
+with a merged copy of the adapted weights (models/lora.py): made before the KV pool takes
+its share, freed for training.
+
 Rollout and training share one GPU: `rollout_memory` frees what training holds but the
 engine does not need (optimizer states, fp32 master weights, gradient buffers) and gives
 the engine its KV pool back; `train_memory` does the reverse. Where the memory plan keeps
@@ -20,8 +25,9 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from minisparse.heartbeat import heartbeat
-from minisparse.trainer.distributed import Max, rank
+from minisparse.models.lora import MergedWeights, lora_enabled
+from minisparse.utils.distributed import Max, rank
+from minisparse.utils.heartbeat import heartbeat
 
 GIB = 1024**3
 
@@ -169,3 +175,48 @@ def rollout_weights(train_engine):
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(list(train_engine.module.parameters()))
+
+
+class Swaps:
+    """The GPU's memory handed between the rollout engine and training, as the memory plan
+    says (keep_state: the training state stays on the GPU through rollouts)."""
+
+    def __init__(self, train_engine, device: torch.device, keep_state: bool) -> None:
+        self.train_engine, self.device, self.keep_state = train_engine, device, keep_state
+        self.offload = TrainingStateOffload(train_engine)
+        module = train_engine.module
+        self.merged = MergedWeights(module) if lora_enabled(module) else None
+
+    def sampled_model(self) -> torch.nn.Module:
+        """What the engine samples with: the policy, or under LoRA a plain model of its
+        merged weights (W + scale * B A, as the last swap to a rollout made them)."""
+        return self.train_engine.module if self.merged is None else self.merged.model
+
+    def first(self) -> None:
+        """Before the engine is built: its KV pool is sized from the memory free once the
+        training state is off the GPU (where the plan moves it) and the merged copy made."""
+        free_training_memory(self.offload, self.device, self.keep_state)
+        if self.merged is not None:
+            self.merged.refresh()
+
+    def to_rollout(self, rollout_engine, keep_state: bool | None = None) -> None:
+        """Training -> rollout: the merged copy first, then the KV pool its share;
+        keep_state: this once (an evaluation's pool gets all the room: False)."""
+        if self.merged is not None:
+            self.merged.refresh()
+        rollout_memory(self.offload, rollout_engine, self.device,
+                       self.keep_state if keep_state is None else keep_state)
+
+    def to_training(self, rollout_engine) -> None:
+        """Rollout -> training: the KV pool released, the state back, the merged copy freed."""
+        train_memory(self.offload, rollout_engine, self.device)
+        if self.merged is not None:
+            self.merged.release()
+
+    @contextmanager
+    def sampling(self, rollout_engine) -> Iterator[None]:
+        """The block in which the engine samples with the policy's current weights
+        (gathered whole for it under ZeRO 3)."""
+        with rollout_weights(self.train_engine):
+            rollout_engine.update_weights(self.sampled_model())
+            yield

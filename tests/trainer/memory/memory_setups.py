@@ -11,4 +11,4 @@ def zero2_setup(shape, *overrides: str, world: int = 1):
     """(cfg, setup) of qwen3b_rkv under ZeRO 2, whose bucket flushes the hand-computed
     figures follow (the config's own ZeRO 1: test_zero_1_by_hand)."""
     cfg = load_config("qwen3b_rkv", ["data.max_prompt_len=160", "zero_stage=2", *overrides])
-    return cfg, setup_of(cfg, shape, world, liger=True)
+    return cfg, setup_of(cfg, shape, world, liger=True, reference=cfg.loss.kl_coef > 0)

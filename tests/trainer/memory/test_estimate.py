@@ -61,7 +61,7 @@ def test_activation_formula_is_what_autograd_saves(dtype, b):
     """PyTorch ops: b(4H + 2Hq + 2Hkv + 4I) + 8H + 4(heads + 2), with H = Hq = 256,
     Hkv = 64, I = 704, 8 heads: bf16 2*(1024 + 512 + 128 + 2816) + 2048 + 40 = 11,048."""
     cfg = load_config("tiny_rkv", [f"model.dtype={'float32' if b == 4 else 'bfloat16'}"])
-    s = setup_of(cfg, shape_of(Qwen2Config(num_hidden_layers=1, **SMALL)), 1, liger=False)
+    s = setup_of(cfg, shape_of(Qwen2Config(num_hidden_layers=1, **SMALL)), 1, liger=False, reference=cfg.loss.kl_coef > 0)
     make = lambda layers: Qwen2Config(num_hidden_layers=layers, **SMALL)  # noqa: E731
     assert _per_token_layer(make, dtype, False) == per_token_layer(s) == (
         20_008 if b == 4 else 11_048)
@@ -78,7 +78,7 @@ def test_checkpointing_some_layers_saves_what_the_formula_says():
     gradients are those of the run without checkpointing."""
     cfg = load_config("tiny_rkv")
     config = Qwen2Config(num_hidden_layers=3, **SMALL)
-    s = setup_of(cfg, shape_of(config), 1, liger=False)
+    s = setup_of(cfg, shape_of(config), 1, liger=False, reference=cfg.loss.kl_coef > 0)
     per_token = [(_saved_bytes(config, 512, torch.float32, c)
                   - _saved_bytes(config, 256, torch.float32, c)) / 256 for c in (0, 1)]
     assert per_token[0] - per_token[1] == per_token_layer(s) - 4 * 256
@@ -106,7 +106,7 @@ def test_liger_activation_formula_on_the_gpu():
     """Liger's RMSNorm, SwiGLU and RoPE with torch's varlen flash kernel, Qwen2.5-3B's
     layer: b(4H + 2Hq + 2Hkv + 3I) + 4(heads + 2) = 91,720 bytes (so on an H100 80GB)."""
     make = lambda layers: shape_config("qwen2.5-3b", num_hidden_layers=layers)  # noqa: E731
-    s = setup_of(load_config("qwen3b_rkv"), shape_of(make(1)), 1, liger=True)
+    s = setup_of(load_config("qwen3b_rkv"), shape_of(make(1)), 1, liger=True, reference=True)
     assert _per_token_layer(make, torch.bfloat16, False, tokens=(2048, 4096), device="cuda",
                             liger=True) == per_token_layer(s) == 91_720
 
@@ -142,10 +142,10 @@ def test_qwen7b_on_two_gpus_by_hand():
     cfg = load_config("qwen7b_rkv", ["data.max_prompt_len=160", "rollout_batch_size=64",
                                      "global_batch_size=128"])
     m = shape_of(shape_config("qwen2.5-7b"))
-    s = setup_of(cfg, m, 2, liger=True)
+    s = setup_of(cfg, m, 2, liger=True, reference=cfg.loss.kl_coef > 0)
     assert (m.params, m.tied, m.vocab * m.hidden) == (7_614_699_008, False, 544_538_624)
     assert per_token_layer(s) == 158_840 and first_flush_share(s) == 0
-    assert gradient_buckets(s) == 2 and gradient_buckets(setup_of(cfg, m, 1, True)) == 1
+    assert gradient_buckets(s) == 2 and gradient_buckets(setup_of(cfg, m, 1, True, cfg.loss.kl_coef > 0)) == 1
     assert backward_peak(s, 8192, 0, False) == 116_097_970_176
     assert round(backward_peak(s, 8192, 0, False) / GIB, 2) == 108.12
     # a tied head (Qwen2.5-3B) comes last: 5e8 / (36 x 77,070,336) of the layers are done

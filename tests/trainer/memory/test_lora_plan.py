@@ -10,6 +10,7 @@ from minisparse.trainer.memory.estimate import (gradients, head_backward, logpro
                                                lora_sizes, optimizer_state,
                                                rollout_resident, setup_of, step_peak, weights)
 from minisparse.trainer.memory.plan import plan_memory
+from minisparse.trainer.memory.report import plan_table
 
 # the paper's per-GPU batch on one GPU: 32 prompts x 8 samples (128 x 8 over 4 GPUs)
 ONE_GPU = ["model.path=qwen2.5-3b", "gpu_memory_gb=24", "rollout_batch_size=32",
@@ -39,9 +40,9 @@ def test_adapter_count_by_hand_and_by_peft(qwen3b):
 def test_qwen3b_rkv_with_lora_plans_on_24gb_where_full_training_cannot(qwen3b):
     cpu = torch.device("cpu")
     with pytest.raises(ConfigError, match="~63.2 GiB"):  # its optimizer step
-        plan_memory(load_config("qwen3b_rkv", ONE_GPU), cpu, 1)
+        plan_memory(load_config("qwen3b_rkv", ONE_GPU), cpu, 1, reference=True)
     cfg = load_config("qwen3b_rkv", [*ONE_GPU, "model.lora.enabled=true"])
-    plan = plan_memory(cfg, cpu, 1)
+    plan = plan_memory(cfg, cpu, 1, reference=cfg.loss.kl_coef > 0)
     s = plan.setup
     assert (s.trainable, s.merged, s.reference) == (ADAPTERS, ADAPTED, False)
     assert s.zero_stage == 2 and not plan.optimizer_offload
@@ -57,8 +58,8 @@ def test_qwen3b_rkv_with_lora_plans_on_24gb_where_full_training_cannot(qwen3b):
     # no LM-head gradient (frozen): its saved input and one chunk's logits
     assert head_backward(s, 8192) == 2 * 8192 * 2048 + 2 * 1024 * 151_936
     assert all(plan.peaks[p] <= plan.usable for p in ("logprobs", "update"))
-    assert "(LoRA: 29.9M trained)" in plan.table()
-    full = setup_of(load_config("qwen3b_rkv", ONE_GPU), qwen3b, 1, False)
+    assert "(LoRA: 29.9M trained)" in plan_table(plan)
+    full = setup_of(load_config("qwen3b_rkv", ONE_GPU), qwen3b, 1, False, True)
     # the reference model no longer visits: log-probs need the policy's weights alone
     assert logprob_peak(full, 8192) - logprob_peak(s, 8192) == (
         2 * qwen3b.params + optimizer_state(full) - optimizer_state(s) - 2 * ADAPTERS)

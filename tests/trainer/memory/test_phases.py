@@ -33,7 +33,7 @@ def test_state_offload_roundtrip_on_gpu(stage):
 
     from policy_models import tiny_qwen2
 
-    from minisparse.trainer.distributed import init_distributed
+    from minisparse.utils.distributed import init_distributed
     from minisparse.trainer.memory.phases import TrainingStateOffload
     from minisparse.trainer.train_engine import build_train_engine
 
@@ -87,3 +87,46 @@ def test_visiting_moves_in_and_home_without_copying_back():
     assert not model.weight.is_cuda and model.weight.data.data_ptr() == home
     torch.testing.assert_close(model.weight.data, before)
     torch.testing.assert_close(y, model(x))
+
+
+def test_swaps_merge_lora_weights_before_the_pool_and_free_them_for_training():
+    """Under LoRA the engine samples with the merged weights: made before the KV pool is
+    allocated (its share is sized from what is free then), freed once the pool is released;
+    without LoRA it samples with the policy itself."""
+    pytest.importorskip("peft")
+    from types import SimpleNamespace
+
+    from policy_models import tiny_qwen2
+
+    from minisparse.config.schema import LoraConfig
+    from minisparse.models.lora import apply_lora
+    from minisparse.trainer.memory.phases import Swaps
+
+    def engine(module):
+        return SimpleNamespace(module=module, zero_optimization_stage=lambda: 2,
+                               zero_cpu_offload=lambda: False)
+
+    policy = tiny_qwen2(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1)
+    apply_lora(policy, LoraConfig(enabled=True, rank=2, alpha=4.0))
+    swaps = Swaps(engine(policy), torch.device("cpu"), keep_state=False)
+    calls = []
+
+    class Rollout:
+        def wake(self):
+            calls.append(("wake", swaps.merged.merged_bytes > 0))
+
+        def sleep(self):
+            calls.append(("sleep", swaps.merged.merged_bytes > 0))
+
+        def update_weights(self, model):
+            calls.append(("weights", model is swaps.merged.model))
+
+    swaps.to_rollout(Rollout())
+    with swaps.sampling(Rollout()):
+        pass
+    swaps.to_training(Rollout())
+    assert calls == [("wake", True), ("weights", True), ("sleep", True)]
+    assert swaps.merged.merged_bytes == 0
+    plain = Swaps(engine(tiny_qwen2(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1)),
+                  torch.device("cpu"), keep_state=False)
+    assert plain.merged is None and plain.sampled_model() is plain.train_engine.module

@@ -20,7 +20,8 @@ from minisparse.trainer.memory.estimate import (GIB, backward_peak, gradient_buc
                                                head_backward, kv_tokens, logprob_peak,
                                                reduction_bucket, rollout_kv_need, setup_of,
                                                shape_of, step_peak, training_state)
-from minisparse.trainer.memory.plan import (_logprob_budget, batch_peaks, comparison_line,
+from minisparse.trainer.memory.report import comparison_line, plan_table
+from minisparse.trainer.memory.plan import (_logprob_budget, batch_peaks,
                                            gpu_capacity, make_plan, not_planned, plan_errors,
                                            plan_zero_stage)
 
@@ -38,7 +39,7 @@ def test_zero_1_by_hand(qwen3b):
     layer keeps 8192 x 2 x 2048 of its 8192 x 91,720: 2 layers 72.83, 3 layers 72.16 GiB of
     the 72.68 planned for."""
     cfg = load_config("qwen3b_rkv", ["data.max_prompt_len=160", "zero_stage=1"])
-    s = setup_of(cfg, qwen3b, 1, liger=True)
+    s = setup_of(cfg, qwen3b, 1, liger=True, reference=cfg.loss.kl_coef > 0)
     assert s.zero_stage == 1 and reduction_bucket(s) == 1_000_000_000
     assert head_backward(s, 8192) == 2_211_708_928
     assert backward_peak(s, 8192, 0, False) == 79_636_056_576
@@ -49,7 +50,7 @@ def test_zero_1_by_hand(qwen3b):
     # one GPU: the same training state as ZeRO 2 (its gradient partition is every gradient)
     assert training_state(s) == training_state(zero2_setup(qwen3b)[1]) == 14 * qwen3b.params
     # several GPUs: every gradient on each, the reduction once a step
-    four = setup_of(cfg, qwen3b, 4, liger=True)
+    four = setup_of(cfg, qwen3b, 4, liger=True, reference=cfg.loss.kl_coef > 0)
     assert gradients(four) == 2 * qwen3b.params and gradient_buckets(four) == 1
 
 
@@ -66,17 +67,17 @@ def test_zero_stage_auto_keeps_qwen7b_on_zero_2_on_80gb_gpus(world, response, ze
     layers = {}
     for stage in (2, 1):
         cfg = load_config("qwen7b_rkv", [f"zero_stage={stage}", *shape])
-        plan = make_plan(cfg, setup_of(cfg, m, world, liger=True), H100, "H100")
+        plan = make_plan(cfg, setup_of(cfg, m, world, liger=True, reference=cfg.loss.kl_coef > 0), H100, "H100")
         assert not plan.optimizer_offload and plan.keep_state
         layers[stage] = plan.checkpointed_layers if plan.gradient_checkpointing else 0
     assert (layers[2], layers[1]) == (zero_2, zero_1)
     cfg = load_config("qwen7b_rkv", shape)
-    plan = plan_zero_stage(cfg, setup_of(cfg, m, world, liger=True), H100, "H100")
+    plan = plan_zero_stage(cfg, setup_of(cfg, m, world, liger=True, reference=cfg.loss.kl_coef > 0), H100, "H100")
     assert plan.zero_stage == 2 and plan.setup.zero_stage == 2
     assert (plan.checkpointed_layers if plan.gradient_checkpointing else 0) == zero_2
     assert plan.zero_note == f"auto: ZeRO 1 would checkpoint {zero_1 - zero_2} more layers"
     assert f"ZeRO 2 (auto: ZeRO 1 would checkpoint {zero_1 - zero_2} more layers) over " \
-           f"{world} GPUs" in plan.table()
+           f"{world} GPUs" in plan_table(plan)
 
 
 def test_zero_stage_auto_takes_zero_1_where_it_costs_nothing():
@@ -89,7 +90,7 @@ def test_zero_stage_auto_takes_zero_1_where_it_costs_nothing():
     h200 = int(139.3 * GIB)
     shape = ["data.max_prompt_len=1024", "rollout_batch_size=64", "global_batch_size=128"]
     cfg = load_config("qwen7b_rkv", shape)
-    plan = plan_zero_stage(cfg, setup_of(cfg, m, 2, liger=True), h200, "H200")
+    plan = plan_zero_stage(cfg, setup_of(cfg, m, 2, liger=True, reference=cfg.loss.kl_coef > 0), h200, "H200")
     assert (plan.zero_stage, plan.gradient_checkpointing, plan.keep_state) == (1, False, True)
     assert plan.zero_note == "auto: it fits as ZeRO 2 would, with one gradient reduction a step"
     assert plan.record()["zero_stage"] == 1
@@ -97,12 +98,12 @@ def test_zero_stage_auto_takes_zero_1_where_it_costs_nothing():
     assert round(plan.peaks["update"] / GIB, 1) == 109.2
     # a GPU on which ZeRO 1's optimizer step alone cannot fit: 2P + 14P/2 + 2P > 0.92 C
     tight = int(step_peak(replace(plan.setup, zero_stage=2)) / 0.92) + GIB
-    plan = plan_zero_stage(cfg, setup_of(cfg, m, 2, liger=True), tight, "GPU")
+    plan = plan_zero_stage(cfg, setup_of(cfg, m, 2, liger=True, reference=cfg.loss.kl_coef > 0), tight, "GPU")
     # (ZeRO 1 fits there only with the optimizer on the CPU, which ZeRO 2 avoids)
     assert plan.zero_stage == 2 and not plan.cpu_adam
     assert plan.zero_note == "auto: ZeRO 1 would need the optimizer on the CPU"
     fixed = load_config("qwen7b_rkv", [*shape, "zero_stage=1"])
-    plan = plan_zero_stage(fixed, setup_of(fixed, m, 4, liger=True), H100, "H100")
+    plan = plan_zero_stage(fixed, setup_of(fixed, m, 4, liger=True, reference=fixed.loss.kl_coef > 0), H100, "H100")
     assert plan.zero_stage == 1 and plan.zero_note == ""
 
 
@@ -147,7 +148,7 @@ def test_decisions_on_an_80gb_gpu(qwen3b, response, tokens, layers, without):
         assert backward_peak(s, worst, layers - 1, False) > plan.usable
         assert plan.note == f"auto: without it the update would need ~{without:.1f} GiB"
     assert round(plan.usable / GIB, 2) == 72.68
-    table = plan.table()
+    table = plan_table(plan)
     assert table.startswith("memory plan: H100, 79.0 GiB, planned to 72.7 (8% kept free); "
                             "3.09B parameters, ZeRO 2 over 1 GPU")
     chosen = f"on for {layers} of 36 layers" if layers else "off"
@@ -174,7 +175,7 @@ def test_checkpointing_fixed_on_takes_every_layer(qwen3b):
     plan = make_plan(cfg, s, H100, "H100")
     assert plan.checkpointed_layers == 36 and plan.peaks["update"] == step_peak(s)
     assert round(backward_peak(s, 16544, 36, False) / GIB, 2) == 56.98
-    assert "chosen: gradient checkpointing on for 36 of 36 layers" in plan.table()
+    assert "chosen: gradient checkpointing on for 36 of 36 layers" in plan_table(plan)
 
 
 @pytest.mark.parametrize("config,gib,keep", [
@@ -191,21 +192,21 @@ def test_checkpointing_fixed_on_takes_every_layer(qwen3b):
 def test_training_state_stays_where_the_rollout_fits_beside_it(qwen3b, config, gib, keep):
     cfg = load_config(config, ["data.max_prompt_len=160", "rollout_batch_size=32",
                                "global_batch_size=64"])
-    s = setup_of(cfg, qwen3b, 1, liger=True)
+    s = setup_of(cfg, qwen3b, 1, liger=True, reference=cfg.loss.kl_coef > 0)
     assert (s.rollout_sequences, rollout_kv_need(s)) == (
         256, 256 * (656 if config == "qwen3b_rkv" else 4272))
     plan = make_plan(cfg, s, gib * GIB, "GPU")
     assert plan.keep_state is keep
     assert kv_tokens(s, gib * GIB, True) == {79: 769_326, 140: 2_190_729}[gib]
     kept = "training state 40.2 (kept: 256 sequences of up to"
-    assert (kept in plan.table()) is keep
+    assert (kept in plan_table(plan)) is keep
     # a fixed pool: the state stays where weights 5.75 + state 40.24 + pool + sampling's
     # 1.16 GiB fit in the 72.68 planned for: with 10 GiB (57.15) yes, 30 GiB (77.15) no
     for pool, kept in ((10, True), (30, False)):
-        fixed = setup_of(load_config(config, [f"engine.kv_memory_gb={pool}"]), qwen3b, 1, True)
+        fixed = setup_of(load_config(config, [f"engine.kv_memory_gb={pool}"]), qwen3b, 1, True, True)
         assert make_plan(cfg, fixed, 79 * GIB, "GPU").keep_state is kept
     # ZeRO 0 never moves its state: nothing to keep
-    no_zero = setup_of(load_config(config, ["zero_stage=0"]), qwen3b, 1, liger=True)
+    no_zero = setup_of(load_config(config, ["zero_stage=0"]), qwen3b, 1, liger=True, reference=True)
     assert not make_plan(cfg, no_zero, 200 * GIB, "GPU").keep_state
 
 
@@ -272,13 +273,13 @@ def test_a_model_whose_optimizer_step_cannot_fit_names_the_gpus():
                                           r"weights, AdamW moments, gradients\); set "
                                           r"optimizer_offload=cpu_adam \(the step on the CPU\) "
                                           r"or use more GPUs$"):
-        plan_zero_stage(cfg, setup_of(cfg, shape, 1, True), H100, "H100")
+        plan_zero_stage(cfg, setup_of(cfg, shape, 1, True, cfg.loss.kl_coef > 0), H100, "H100")
     auto = load_config("qwen7b_rkv", ["data.max_prompt_len=160"])
-    assert plan_zero_stage(auto, setup_of(auto, shape, 1, True), H100, "H100").cpu_adam
+    assert plan_zero_stage(auto, setup_of(auto, shape, 1, True, auto.loss.kl_coef > 0), H100, "H100").cpu_adam
     fixed = load_config("qwen7b_rkv", ["data.max_prompt_len=160", "zero_stage=1",
                                        "optimizer_offload=true"])
     with pytest.raises(ConfigError, match=r"^zero_stage=1: the optimizer step alone needs"):
-        make_plan(fixed, setup_of(fixed, shape, 1, True), H100, "H100")
+        make_plan(fixed, setup_of(fixed, shape, 1, True, fixed.loss.kl_coef > 0), H100, "H100")
 
 
 def test_planned_peaks_of_a_batch(qwen3b):
@@ -317,7 +318,7 @@ def test_without_a_gpu_nothing_is_planned():
     cfg = load_config("tiny_rkv", ["model.gradient_checkpointing=true"])
     plan = not_planned(cfg)
     assert plan.gradient_checkpointing and plan.logprob_tokens == 2048
-    assert plan.table() == ("memory plan: no GPU, not planned (gradient checkpointing on; "
+    assert plan_table(plan) == ("memory plan: no GPU, not planned (gradient checkpointing on; "
                             "gpu_memory_gb plans for a GPU of that size)")
     assert not not_planned(load_config("tiny_rkv")).gradient_checkpointing  # auto: off
 

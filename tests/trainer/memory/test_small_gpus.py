@@ -14,6 +14,7 @@ from minisparse.models.loading import shape_config
 from minisparse.trainer.memory.estimate import (GIB, backward_peak, host_memory, logprob_peak,
                                                setup_of, shape_of, step_peak)
 from minisparse.trainer.memory.plan import make_plan, plan_zero_stage
+from minisparse.trainer.memory.report import plan_table
 
 PAPER = ["rollout_batch_size=32", "global_batch_size=64"]  # 256 sequences a GPU
 HOST = 120 * GIB  # a 128 GB workstation's MemAvailable, about
@@ -32,7 +33,7 @@ def shapes():
 def _setup(shapes, name, *overrides):
     config, extra = CONFIGS[name]
     cfg = load_config(config, [*PAPER, *extra, *overrides])
-    return cfg, setup_of(cfg, shapes[name.split("_")[0]], 1, liger=True)
+    return cfg, setup_of(cfg, shapes[name.split("_")[0]], 1, liger=True, reference=cfg.loss.kl_coef > 0)
 
 
 def test_qwen1_5b_on_24gb_takes_cpu_adam_by_hand(shapes):
@@ -68,13 +69,13 @@ def test_qwen1_5b_on_24gb_takes_cpu_adam_by_hand(shapes):
     # log-probs: weights, staging buffer, the visiting reference 2P, a layer's work
     # 8192 x 2(3H + 3I) and the chunked head 2TH + 2 x 1024 x V: 6.98 GiB
     assert plan.peaks["logprobs"] == logprob_peak(cpu, 8192) == 7_493_834_752
-    head = plan.table().splitlines()[0]
+    head = plan_table(plan).splitlines()[0]
     assert head.endswith("optimizer on the CPU (DeepSpeed CPU Adam, auto: with AdamW on the GPU "
                          "the update would need ~31.6 GiB of the 22.1 GiB): host memory 31.6 "
                          "GiB a GPU of 120.0 available")
     assert ("ZeRO 1 (auto: with CPU Adam it moves the gradients to the CPU once a step, "
             "ZeRO 2 after every micro-batch)") in head
-    assert "optimizer step 8.4, the step on the CPU" in plan.table()
+    assert "optimizer step 8.4, the step on the CPU" in plan_table(plan)
     assert plan.record()["cpu_adam"] and plan.record()["host_gib"] == pytest.approx(31.63, abs=0.01)
 
 
@@ -123,7 +124,7 @@ def test_the_paper_configs_plan_on_24_40_and_48gb(shapes, gb, model, cpu_adam, z
     if layers:  # the fewest that fit
         assert backward_peak(plan.setup, 8192, layers - 1, False) > plan.usable
     if cpu_adam:  # nothing to swap: the rollout's pool gets the rest beside the weights
-        assert plan.keep_state and "CPU Adam's gradient staging buffer" in plan.table()
+        assert plan.keep_state and "CPU Adam's gradient staging buffer" in plan_table(plan)
     elif rollout == "dense":  # dense KV (5,136 tokens x 256) leaves no room for the state
         assert not plan.keep_state
 
@@ -148,7 +149,7 @@ def test_what_cannot_fit_stops_in_one_line(shapes):
     # set, where AdamW would fit on the GPU: it is taken, and said so
     cfg, s = _setup(shapes, "qwen1.5b_rkv", "optimizer_offload=cpu_adam")
     plan = plan_zero_stage(cfg, s, 80 * GIB, "80 GB", host=HOST)
-    assert plan.cpu_adam and "(DeepSpeed CPU Adam, optimizer_offload=cpu_adam)" in plan.table()
+    assert plan.cpu_adam and "(DeepSpeed CPU Adam, optimizer_offload=cpu_adam)" in plan_table(plan)
 
 
 def test_gpu_memory_gb_caps_the_process(monkeypatch):

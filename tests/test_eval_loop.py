@@ -1,5 +1,6 @@
-"""Metrics against hand-computed values, prompts, and evaluate() with a scripted engine
-whose responses are known, so accuracy, pass@k and the files can be checked exactly."""
+"""eval.py's loop (evaluate) with a scripted engine whose responses are known, so accuracy,
+pass@k, the result files and resume can be checked exactly; and split over ranks as
+train.py's in-training evaluation runs it."""
 import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -8,18 +9,9 @@ import pytest
 
 from minisparse.config.schema import RewardConfig
 from minisparse.data.benchmarks import Problem
-from minisparse.evaluation import (
-    ResultsMismatchError,
-    accuracy_ci95,
-    evaluate,
-    flat_metrics,
-    format_table,
-    pass_at_k,
-    pass_k_values,
-    prompt_text,
-    prompt_token_ids,
-    sample_metrics,
-)
+from eval import evaluate
+from minisparse.evaluation.results import ResultsMismatchError
+from minisparse.evaluation.scores import flat_metrics, format_table
 
 
 @pytest.fixture(scope="module")
@@ -27,74 +19,6 @@ def tokenizer():
     from minisparse.models.tiny import build_tokenizer
 
     return build_tokenizer()
-
-
-def test_pass_at_k_hand_values():
-    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)  # c / n
-    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
-    assert pass_at_k(4, 2, 2) == pytest.approx(5 / 6)  # 1 - C(2,2)/C(4,2) = 1 - 1/6
-    assert pass_at_k(4, 0, 4) == 0.0
-    assert pass_at_k(4, 1, 4) == 1.0
-    assert pass_at_k(32, 1, 16) == pytest.approx(0.5)  # 1 - C(31,16)/C(32,16) = 16/32
-    with pytest.raises(ValueError):
-        pass_at_k(4, 5, 1)
-
-
-def test_pass_k_values():
-    assert pass_k_values(1) == [1]
-    assert pass_k_values(6) == [1, 2, 4]
-    assert pass_k_values(32) == [1, 2, 4, 8, 16, 32]
-
-
-def _rec(problem, correct, tokens, finish="stop", timed_out=False):
-    return {"problem_index": problem, "correct": correct, "tokens": tokens,
-            "finish_reason": finish, "grading_timed_out": timed_out}
-
-
-def test_sample_metrics_hand_computed():
-    records = [
-        _rec(0, True, 10), _rec(0, False, 20, "length"), _rec(0, False, 30), _rec(0, False, 40),
-        _rec(1, True, 5), _rec(1, True, 5), _rec(1, False, 5, "length", True), _rec(1, False, 5),
-    ]
-    m = sample_metrics(records, n_samples=4)
-    assert (m["problems"], m["samples"]) == (2, 8)
-    assert m["accuracy"] == pytest.approx(3 / 8)
-    # problem 0: c=1, problem 1: c=2
-    assert m["pass_at_k"] == pytest.approx(
-        {"pass@1": 0.375, "pass@2": (0.5 + 5 / 6) / 2, "pass@4": 1.0}
-    )
-    # per-problem accuracies 0.25 and 0.5: mean 0.375, sample variance 0.03125
-    assert m["accuracy_ci95"] == pytest.approx(1.96 * (0.03125 / 2) ** 0.5)
-    assert m["mean_response_tokens"] == pytest.approx(120 / 8)
-    assert m["truncated_fraction"] == pytest.approx(0.25)
-    assert m["grading_timeouts"] == 1
-
-
-def test_accuracy_interval_hand_values():
-    # 500 problems, one sample each, half right: 1.96 * sqrt(0.25 * 500 / 499 / 500)
-    assert accuracy_ci95([1.0] * 250 + [0.0] * 250) == pytest.approx(0.04387, abs=1e-5)
-    assert accuracy_ci95([1.0] * 10) == 0.0  # every problem solved: no spread
-    assert accuracy_ci95([1.0]) is None  # one problem: no interval
-
-
-def test_boxed_prompt(tokenizer):
-    text = prompt_text(tokenizer, "What is 2+2?", "boxed")
-    assert text == ("What is 2+2? Please reason step by step, and put your final answer "
-                    "within \\boxed{}.\n\n")
-    assert tokenizer.decode(prompt_token_ids(tokenizer, "What is 2+2?", "boxed")) == text
-
-
-def test_chat_prompt_matches_training_format(tokenizer):
-    # The layout of simplelr_qwen_level3to5.jsonl's prompts (own question).
-    expected = (
-        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
-        "What is 2+2?\nPlease reason step by step, and put your final answer within "
-        "\\boxed{{}}.<|im_end|>\n<|im_start|>assistant\n"
-    )
-    assert prompt_text(tokenizer, "What is 2+2?", "chat") == expected
-    ids = prompt_token_ids(tokenizer, "What is 2+2?", "chat")
-    assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
-    assert tokenizer.decode(ids) == expected
 
 
 # ---------------------------------------------------------------- scripted engine
@@ -210,7 +134,7 @@ def test_reward_settings_reach_the_grader(tokenizer, grade_calls):
 
 
 def test_shard_bounds_cover_every_item_once():
-    from minisparse.evaluation import Shard
+    from minisparse.evaluation.generate import Shard
 
     assert [Shard(r, 2).bounds(5) for r in range(2)] == [(0, 3), (3, 5)]
     assert [Shard(r, 3).bounds(1) for r in range(3)] == [(0, 1), (1, 1), (1, 1)]
@@ -246,8 +170,8 @@ def _split_worker(rank, world, init_file, tiny_path, out_dir):
 
     import torch.distributed as tdist
 
-    from minisparse.evaluation import Shard
-    from minisparse.trainer.distributed import all_gather_object
+    from minisparse.evaluation.generate import Shard
+    from minisparse.utils.distributed import all_gather_object
 
     tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                              world_size=world)
@@ -293,20 +217,6 @@ def test_two_gloo_ranks_score_like_one_process(tiny_path, tmp_path):
         split = (tmp_path / "split" / name / "samples.jsonl").read_text()
         assert split == (tmp_path / "whole" / name / "samples.jsonl").read_text()
     assert ranks[0]["average_accuracy"] == whole["average_accuracy"]
-
-
-def test_user_prompt_is_the_synthetic_training_row(tokenizer):
-    """--prompt-template user renders a question exactly as a data.path=synthetic row
-    with apply_chat_template reaches the model during training."""
-    from minisparse.config.schema import DataConfig
-    from minisparse.data.datasets import load_prompts
-
-    row = load_prompts(DataConfig(path="synthetic", synthetic_size=1,
-                                  apply_chat_template=True), tokenizer)[0]
-    question = row.prompt_text.split("user\n")[1].split(" Please reason")[0]
-    assert question.startswith("What is $") and question.endswith("$?")
-    assert prompt_text(tokenizer, question, "user") == row.prompt_text
-    assert prompt_token_ids(tokenizer, question, "user") == row.prompt_ids
 
 
 def test_training_file_scores_each_row_with_its_own_prompt(tokenizer, tmp_path):

@@ -2,7 +2,7 @@
 tests/test_quickstart.py and tests/test_train.py)."""
 import transformers
 
-from minisparse.quiet import hidden_prints, quiet_libraries
+from minisparse.utils.quiet import hidden_prints, quiet_libraries
 
 
 def test_quiet_hides_transformers_bars_and_warnings(monkeypatch):

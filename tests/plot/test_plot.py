@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from minisparse import plot
+from minisparse.plot import curves
 
 
 def write_run(folder, rows, torn_tail=""):
@@ -12,11 +12,11 @@ def write_run(folder, rows, torn_tail=""):
 
 
 def test_smooth_is_a_trailing_moving_average():
-    assert plot.smooth([1.0, 3.0, 5.0, 7.0], 1) == [1.0, 3.0, 5.0, 7.0]
-    assert plot.smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
-    assert plot.smooth([2.0, 4.0, 6.0], 10) == [2.0, 3.0, 4.0]
-    with pytest.raises(plot.PlotError, match="--smooth must be >= 1"):
-        plot.smooth([1.0], 0)
+    assert curves.smooth([1.0, 3.0, 5.0, 7.0], 1) == [1.0, 3.0, 5.0, 7.0]
+    assert curves.smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert curves.smooth([2.0, 4.0, 6.0], 10) == [2.0, 3.0, 4.0]
+    with pytest.raises(curves.PlotError, match="--smooth must be >= 1"):
+        curves.smooth([1.0], 0)
 
 
 def test_run_in_progress_and_overlaid_runs(tmp_path, monkeypatch, capsys):
@@ -27,19 +27,19 @@ def test_run_in_progress_and_overlaid_runs(tmp_path, monkeypatch, capsys):
               for i in (1, 2)]
     write_run(tmp_path / "dense", dense, torn_tail='{"rollout": 4, "rollout/rew')
     write_run(tmp_path / "rkv", sparse)
-    rows = plot.read_metrics(tmp_path / "dense")
+    rows = curves.read_metrics(tmp_path / "dense")
     assert [r["rollout"] for r in rows] == [1, 2, 3]  # sorted, torn line skipped
-    assert plot.series(rows, "rollout/accuracy")[1] == pytest.approx([0.1, 0.2, 0.3])
+    assert curves.series(rows, "rollout/accuracy")[1] == pytest.approx([0.1, 0.2, 0.3])
     drawn = {}
-    real_plot = plot.plot_runs
+    real_plot = curves.plot_runs
 
     def spy(runs, out, window=1, group=False):
         drawn.update(runs=list(runs), window=window)
         return real_plot(runs, out, window, group)
 
-    monkeypatch.setattr(plot, "plot_runs", spy)
+    monkeypatch.setattr(curves, "plot_runs", spy)
     out = tmp_path / "fig" / "curves.png"
-    assert plot.main([str(tmp_path / "dense"), str(tmp_path / "rkv"), "--names", "d,s",
+    assert curves.main([str(tmp_path / "dense"), str(tmp_path / "rkv"), "--names", "d,s",
                       "--smooth", "2", "--out", str(out)]) == 0
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert drawn == {"runs": ["d", "s"], "window": 2}
@@ -59,7 +59,7 @@ def test_panels_hold_the_runs_that_logged_them(tmp_path):
     real_savefig = plt.Figure.savefig
     plt.Figure.savefig = lambda fig, *a, **k: saved.append(fig) or real_savefig(fig, *a, **k)
     try:
-        plot.plot_runs(runs, tmp_path / "x.png")
+        curves.plot_runs(runs, tmp_path / "x.png")
     finally:
         plt.Figure.savefig = real_savefig
     axes = {ax.get_title(): ax for ax in saved[0].axes}
@@ -79,10 +79,10 @@ def test_panels_hold_the_runs_that_logged_them(tmp_path):
 
 
 def test_errors_name_the_problem(tmp_path, capsys):
-    assert plot.main([str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
+    assert curves.main([str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
     write_run(tmp_path / "a", [{"rollout": 1}])
-    assert plot.main([str(tmp_path / "a"), "--names", "x,y", "--out",
+    assert curves.main([str(tmp_path / "a"), "--names", "x,y", "--out",
                       str(tmp_path / "x.png")]) == 2
     assert "--names has 2 names for 1 runs" in capsys.readouterr().err
 
@@ -101,7 +101,7 @@ def test_figure_reads_at_a_glance(tmp_path):
     real_savefig = plt.Figure.savefig
     plt.Figure.savefig = lambda fig, *a, **k: saved.append(fig) or real_savefig(fig, *a, **k)
     try:
-        plot.plot_runs({"dense": rows, "rkv": rows}, tmp_path / "x.png")
+        curves.plot_runs({"dense": rows, "rkv": rows}, tmp_path / "x.png")
     finally:
         plt.Figure.savefig = real_savefig
     fig = saved[0]
@@ -117,7 +117,7 @@ def test_figure_reads_at_a_glance(tmp_path):
 
 def test_out_defaults_to_the_first_run(tmp_path, capsys):
     write_run(tmp_path / "a", [{"rollout": 1, "rollout/accuracy": 0.5}])
-    assert plot.main([str(tmp_path / "a")]) == 0
+    assert curves.main([str(tmp_path / "a")]) == 0
     assert (tmp_path / "a" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert f"wrote {tmp_path / 'a' / 'curves.png'}" in capsys.readouterr().out
 
@@ -138,25 +138,25 @@ def _seeds(tmp_path):
 
 
 def test_group_names_drop_a_trailing_seed():
-    assert [plot.group_name(n) for n in ("rkv_seed12", "rkv-seed3", "rkv_s2", "rkv-s1",
+    assert [curves.group_name(n) for n in ("rkv_seed12", "rkv-seed3", "rkv_s2", "rkv-s1",
                                          "rkv_keep_prompt_seed1", "rkv2", "seeds")] == \
         ["rkv", "rkv", "rkv", "rkv", "rkv_keep_prompt", "rkv2", "seeds"]
 
 
 def test_group_series_mean_and_band_over_seeds(tmp_path):
-    runs = {d.name: plot.read_metrics(d) for d in _seeds(tmp_path)}
-    groups = plot.group_runs(runs)
+    runs = {d.name: curves.read_metrics(d) for d in _seeds(tmp_path)}
+    groups = curves.group_runs(runs)
     assert list(groups) == ["dense", "rkv"] and len(groups["dense"]) == 3
-    x, mean, lo, hi = plot.group_series(groups["dense"], "rollout/accuracy")
+    x, mean, lo, hi = curves.group_series(groups["dense"], "rollout/accuracy")
     assert x == [1, 2, 3]
     assert mean == pytest.approx([0.2, 0.3, 0.5])
     assert lo == pytest.approx([0.1, 0.2, 0.3]) and hi == pytest.approx([0.3, 0.4, 0.7])
     # each seed smoothed on its own first: seed 3 over 2 rollouts is 0.2, 0.25, 0.5
-    _, mean, lo, hi = plot.group_series(groups["dense"], "rollout/accuracy", window=2)
+    _, mean, lo, hi = curves.group_series(groups["dense"], "rollout/accuracy", window=2)
     assert mean == pytest.approx([0.2, 0.25, 0.4]) and hi[2] == pytest.approx(0.5)
     # only rollouts every seed logged
     rows = groups["rkv"] + [[{"rollout": 1, "rollout/accuracy": 0.9}]]
-    assert plot.group_series(rows, "rollout/accuracy")[0] == [1]
+    assert curves.group_series(rows, "rollout/accuracy")[0] == [1]
 
 
 def test_grouped_figure_draws_a_line_and_a_band_per_variant(tmp_path):
@@ -165,12 +165,12 @@ def test_grouped_figure_draws_a_line_and_a_band_per_variant(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {d.name: plot.read_metrics(d) for d in _seeds(tmp_path)}
+    runs = {d.name: curves.read_metrics(d) for d in _seeds(tmp_path)}
     saved = []
     real_savefig = plt.Figure.savefig
     plt.Figure.savefig = lambda fig, *a, **k: saved.append(fig) or real_savefig(fig, *a, **k)
     try:
-        plot.plot_runs(runs, tmp_path / "x.png", group=True)
+        curves.plot_runs(runs, tmp_path / "x.png", group=True)
     finally:
         plt.Figure.savefig = real_savefig
     fig = saved[0]
@@ -189,14 +189,14 @@ def test_grouped_figure_draws_a_line_and_a_band_per_variant(tmp_path):
 def test_table_prints_mean_and_std_over_seeds(tmp_path, capsys):
     dirs = _seeds(tmp_path)
     for d in dirs:  # costs: dense peak KV 200, rkv 90 and 110; step times
-        rows = plot.read_metrics(d)
+        rows = curves.read_metrics(d)
         for row in rows:
             row["compress/peak_cache_tokens_mean"] = 200.0 if "dense" in d.name else (
                 90.0 if d.name.endswith("1") else 110.0)
             row["time/step_s"] = 10.0 * row["rollout"]
             row["mem/rollout_peak_gib"], row["mem/update_peak_gib"] = 1.0, 3.0 + row["rollout"]
         write_run(d.parent / (d.name + "_"), rows)  # rewritten copies
-    assert plot.main([str(d.parent / (d.name + "_")) for d in dirs]
+    assert curves.main([str(d.parent / (d.name + "_")) for d in dirs]
                      + ["--names", ",".join(d.name for d in dirs), "--group", "--table"]) == 0
     out = capsys.readouterr().out
     # held-out at rollout 2 (the only one all runs evaluated): dense 10, 20, 15 %;
@@ -222,7 +222,7 @@ def test_table_prints_mean_and_std_over_seeds(tmp_path, capsys):
 def test_same_names_need_names(tmp_path, capsys):
     write_run(tmp_path / "a" / "run", [{"rollout": 1}])
     write_run(tmp_path / "b" / "run", [{"rollout": 1}])
-    assert plot.main([str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")]) == 2
+    assert curves.main([str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")]) == 2
     assert "same name" in capsys.readouterr().err
 
 
@@ -238,7 +238,7 @@ def test_window_table_says_whether_compression_acts_in_every_window(tmp_path, ca
                                           "compress/compressed_token_frac": 0.0}
                                          for r in range(1, 31)])
     runs = [str(tmp_path / n) for n in ("dense_seed1", "rkv_seed1", "rkv_seed2")]
-    assert plot.main(runs + ["--group", "--table"]) == 0
+    assert curves.main(runs + ["--group", "--table"]) == 0
     out = capsys.readouterr().out.split("per 10-rollout window")[1]
     assert "| variant | metric | 1-10 | 11-20 | 21-25 |" in out
     assert "| rkv | compressed-token share | 0.70 ± 0.14 | 0.35 ± 0.07 | 0.35 ± 0.07 |" in out

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-import minisparse.heartbeat as heartbeat
+import minisparse.utils.heartbeat as heartbeat
 from minisparse.engine.progress import GenerateProgress
 from minisparse.trainer.memory.phases import phase
 

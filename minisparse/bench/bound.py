@@ -19,13 +19,11 @@ step of sequential kernels can approach; the memory bound alone cannot be reache
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 import torch
 from torch import nn
 
 from minisparse.engine.sequence import GenerateStats
-from minisparse.models.loading import attention_heads
 
 
 def weight_bytes_per_step(model: nn.Module) -> int:
@@ -43,12 +41,6 @@ def weight_bytes_per_step(model: nn.Module) -> int:
         seen.add(p.data_ptr())
         total += p.numel() * p.element_size()
     return total
-
-
-def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    """K and V bytes one cached token holds over all layers of an HF config's model."""
-    _, kv_heads, head_dim = attention_heads(config)
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
 
 
 def copy_bandwidth(device: torch.device | str, gib: float = 2.0, repeats: int = 20) -> float:

@@ -1,7 +1,7 @@
 """Rollout throughput benchmark: tokens/s of the rollout engine on random prompts, against
 SGLang's on the same workload with --backend both.
 
-    python -m minisparse.engine.bench --model qwen2.5-3b --device cuda --batch 256 \
+    python -m minisparse.bench --model qwen2.5-3b --device cuda --batch 256 \
         --prompt-len 256 --max-new-tokens 2048 --compress rkv --budget 512
 
 Random seeded prompts, EOS ignored so every sequence runs to --max-new-tokens. Prints one
@@ -28,10 +28,10 @@ from minisparse.config.cli import (ENGINE_KEYS, HelpFormatter, add_config_flags,
                                    flag_name)
 from minisparse.config.load import config_value, load_config, section_keys
 from minisparse.config.schema import Backend, CompressConfig, Config, ConfigError, Dtype, choices
+from minisparse.bench.bound import (copy_bandwidth, decode_bound, decode_roofline,
+                                    matmul_throughput, weight_bytes_per_step)
 from minisparse.engine import GenerateStats, LLMEngine, SamplingParams
-from minisparse.engine.bench.bound import (copy_bandwidth, decode_bound, decode_roofline,
-                                     kv_bytes_per_token, matmul_throughput,
-                                     weight_bytes_per_step)
+from minisparse.models.loading import kv_bytes_per_token
 
 # Config keys with a flag; the run's Config is the schema's defaults with the given ones.
 CONFIG_KEYS = ("model.path", "temperature", "top_p", "top_k", *section_keys("compress"),
@@ -41,7 +41,7 @@ CONFIG_KEYS = ("model.path", "temperature", "top_p", "top_k", *section_keys("com
 def build_parser() -> argparse.ArgumentParser:
     """The bench's own flags, then one per CONFIG_KEYS key."""
     doc = __doc__.split("\n\n")
-    p = argparse.ArgumentParser(prog="python -m minisparse.engine.bench", description=doc[0],
+    p = argparse.ArgumentParser(prog="python -m minisparse.bench", description=doc[0],
                                 epilog=" ".join(doc[2:]), formatter_class=HelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="where the model and the KV cache live (default here: %(default)s; "

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from minisparse.config.schema import CompressConfig, Config
-from minisparse.engine.bench.run import (bench_config, main, median_run, parse_args, run,
+from minisparse.bench.run import (bench_config, main, median_run, parse_args, run,
                                          run_settings, warmup_tokens)
 
 
@@ -47,7 +47,7 @@ def test_warmup_runs_two_compression_events_per_sequence(tiny_path, prompt_len):
     kernels (one event short of that cost ~1.1 s in every first timed run on an H200)."""
     import dataclasses
 
-    from minisparse.engine.bench.run import build
+    from minisparse.bench.run import build
 
     args = parse_args(["--model", str(tiny_path), "--device", "cpu", "--batch", "3",
                        "--prompt-len", str(prompt_len), "--compress", "rkv", "--budget",
@@ -91,7 +91,7 @@ def test_help_names_the_command_and_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert out.startswith("usage: python -m minisparse.engine.bench ")
+    assert out.startswith("usage: python -m minisparse.bench ")
     assert "--budget BUDGET KV tokens a sequence keeps after each compression (>= 1; " \
            f"default: {CompressConfig().budget})" in out
     assert "--batch BATCH number of prompts (default: 64)" in out
@@ -102,7 +102,7 @@ def test_help_names_the_command_and_shows_defaults(capsys):
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang installed")
 @pytest.mark.parametrize("backend", ["sglang", "both"])
 def test_missing_sglang_exits_2_before_loading_a_model(backend, capsys, monkeypatch):
-    import minisparse.engine.bench.run as bench
+    import minisparse.bench.run as bench
 
     monkeypatch.setattr(bench, "build", lambda *a, **k: pytest.fail("loaded a model"))
     with pytest.raises(SystemExit) as exit_info:

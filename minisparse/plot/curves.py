@@ -15,7 +15,7 @@ curves.png in the first run's folder.
 --group draws the runs of one variant as one line: runs whose names differ only in a
 trailing seed (rkv_seed1, rkv_seed2; rkv-s1, rkv_s2) are a group, drawn as the mean over
 its seeds at the rollouts every one of them logged, with a band from the lowest to the
-highest seed. --table prints the held-out accuracy and cost tables (minisparse/table.py)
+highest seed. --table prints the held-out accuracy and cost tables (minisparse/plot/table.py)
 of the groups instead of drawing (and draws too when --out is given).
 """
 from __future__ import annotations
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             raise PlotError("two runs have the same name; give --names")
         runs = {name: read_metrics(run) for name, run in zip(names, args.runs)}
         if args.table:
-            from minisparse.table import results_tables
+            from minisparse.plot.table import results_tables
 
             print(results_tables(group_runs(runs) if args.group
                                  else {n: [r] for n, r in runs.items()}))
@@ -234,6 +234,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {path} (rollouts per run: {counts})")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,5 +1,6 @@
-"""The update phase with DeepSpeed, on the GPU where there is one (nccl), else on the CPU
-(gloo); one process unless a test spawns two."""
+"""train.py's update phase with DeepSpeed (GRPO's loss stepped by trainer/update.py), on
+the GPU where there is one (nccl), else on the CPU (gloo); one process unless a test
+spawns two."""
 
 import math
 import os
@@ -8,15 +9,15 @@ import pytest
 import torch
 import worked_example as ex
 from policy_models import tiny_qwen2
-from update_helpers import grads_at_step, rollout_batch
+from update_helpers import grads_at_step, rollout_batch, update
 
 from minisparse.config.schema import Config
 from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.rollout import RolloutBatch
-from minisparse.grpo.update import train_on_rollout
 from minisparse.trainer.logprobs import response_logprobs
 
 deepspeed = pytest.importorskip("deepspeed")
+pytestmark = pytest.mark.algorithm
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +85,13 @@ def _well_conditioned_adam(cfg: Config) -> Config:
 def test_step_updates_and_micro_batching_is_exact(device):
     whole_cfg = _well_conditioned_adam(_cfg())
     whole = _engine(whole_cfg, device)
-    m_whole = train_on_rollout(whole, _batch(whole_cfg), whole_cfg)[0]
+    m_whole = update(whole, _batch(whole_cfg), whole_cfg)
     split_cfg = _well_conditioned_adam(_cfg(max_tokens_per_gpu=9))  # [7] [5,4] [4]
     split = _engine(split_cfg, device)
     before = _params(split)
-    m_split = train_on_rollout(split, _batch(split_cfg), split_cfg)[0]
+    m_split = update(split, _batch(split_cfg), split_cfg)
     assert m_whole["train/micro_batches"] == 1.0 and m_split["train/micro_batches"] == 3.0
-    assert m_split["train/step_skipped"] == 0.0
+    assert m_split["train/nonfinite_steps"] == 0.0
     assert not torch.equal(before, _params(split))
     assert m_split["train/pg_loss"] == pytest.approx(m_whole["train/pg_loss"], rel=1e-5)
     assert m_split["train/grad_norm"] == pytest.approx(m_whole["train/grad_norm"], rel=1e-4)
@@ -105,16 +106,16 @@ def test_fp32_zero_0_reports_the_norm_deepspeed_leaves_out(device):
     for stage in (0, 1):
         cfg = _well_conditioned_adam(_cfg(zero_stage=stage))
         engine = _engine(cfg, device)
-        metrics[stage] = train_on_rollout(engine, _batch(cfg), cfg)[0]
+        metrics[stage] = update(engine, _batch(cfg), cfg)
         params[stage] = _params(engine)
-    assert metrics[0]["train/step_skipped"] == 0.0
+    assert metrics[0]["train/nonfinite_steps"] == 0.0
     assert metrics[0]["train/grad_norm"] == pytest.approx(metrics[1]["train/grad_norm"],
                                                           rel=1e-5)
     torch.testing.assert_close(params[0], params[1], rtol=1e-5, atol=1e-6)
     cfg = _cfg(zero_stage=0)
     batch = _batch(cfg)
     batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
-    assert train_on_rollout(_engine(cfg, device), batch, cfg)[0]["train/step_skipped"] == 1.0
+    assert update(_engine(cfg, device), batch, cfg)["train/nonfinite_steps"] == 1.0
 
 
 def test_nonfinite_loss_skips_the_step(device):
@@ -123,13 +124,13 @@ def test_nonfinite_loss_skips_the_step(device):
     batch = _batch(cfg)
     batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
     before = _params(engine)
-    m = train_on_rollout(engine, batch, cfg)[0]
-    assert m["train/step_skipped"] == 1.0
+    m = update(engine, batch, cfg)
+    assert m["train/nonfinite_steps"] == 1.0
     assert not math.isfinite(m["train/grad_norm"])
     assert torch.equal(before, _params(engine))
     # the next, finite step is applied normally
-    m2 = train_on_rollout(engine, _batch(cfg), cfg)[0]
-    assert m2["train/step_skipped"] == 0.0 and not torch.equal(before, _params(engine))
+    m2 = update(engine, _batch(cfg), cfg)
+    assert m2["train/nonfinite_steps"] == 0.0 and not torch.equal(before, _params(engine))
 
 
 def test_optimizer_offload_brackets_the_micro_batches_of_each_step(device):
@@ -151,9 +152,9 @@ def test_optimizer_offload_brackets_the_micro_batches_of_each_step(device):
         def reload(self):
             events.append("reload")
 
-    metrics = train_on_rollout(engine, _batch(cfg), cfg, offload=Recorder())
+    metrics = update(engine, _batch(cfg), cfg, offload=Recorder())
     # sequences of 5 + 4 and 7 + 4 tokens: two micro-batches a step (the 7 alone)
-    assert [m["train/micro_batches"] for m in metrics] == [2.0, 2.0]
+    assert metrics["train/micro_batches"] == 2.0
     assert events == ["offload", "backward", "backward", "reload", "step"] * 2
 
 
@@ -183,7 +184,7 @@ def test_update_by_hand_on_the_worked_example(device, max_tokens):
     cfg.loss = ex.loss_config()
     engine = _engine(cfg, device)
     grads = grads_at_step(engine)
-    m = train_on_rollout(engine, _worked_example(cfg, engine.module), cfg)[0]
+    m = update(engine, _worked_example(cfg, engine.module), cfg)
     keep, weights = ex.expected()
     want = ex.expected_loss(keep, weights)
     assert m["train/micro_batches"] == (1.0 if max_tokens == 100 else 3.0)
@@ -221,9 +222,9 @@ def _nonfinite_worker(rank: int, init_file: str, out_dir: str) -> None:
         batch = _batch(cfg)
         if rank == 1:
             batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
-        skipped = train_on_rollout(engine, batch, cfg)[0]["train/step_skipped"]
+        skipped = float(update(engine, batch, cfg)["train/nonfinite_steps"])
         unchanged = torch.equal(before, _params(engine))
-        applied = train_on_rollout(engine, _batch(cfg), cfg)[0]["train/step_skipped"]
+        applied = float(update(engine, _batch(cfg), cfg)["train/nonfinite_steps"])
         torch.save({"skipped": skipped, "unchanged": unchanged, "then_skipped": applied,
                     "moved": not torch.equal(before, _params(engine))},
                    f"{out_dir}/rank{rank}.pt")

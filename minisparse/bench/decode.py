@@ -2,9 +2,9 @@
 report achieved bandwidth against the bytes that must be read (sum(cache_lens) * H_kv * D *
 2 (K and V) * element size), i.e. the fraction of HBM bandwidth the kernel reaches.
 
-    python -m minisparse.engine.bench.decode                    # Qwen2.5-3B layer shapes, bf16
-    python -m minisparse.engine.bench.decode --q-heads 28 --kv-heads 4          # 7B
-    python -m minisparse.engine.bench.decode --q-heads 32 --kv-heads 8 --head-dim 64  # Llama-1B
+    python -m minisparse.bench.decode                    # Qwen2.5-3B layer shapes, bf16
+    python -m minisparse.bench.decode --q-heads 28 --kv-heads 4          # 7B
+    python -m minisparse.bench.decode --q-heads 32 --kv-heads 8 --head-dim 64  # Llama-1B
 
 Lengths are drawn uniformly within +-10% of each mean. The SDPA column is the engine's
 former decode path (gather the slots into a dense copy, then masked SDPA with the G query

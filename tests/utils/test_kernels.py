@@ -1,4 +1,4 @@
-"""minisparse.kernels.triton_module: the one way CPU-safe modules reach their Triton
+"""minisparse.utils.kernels.triton_module: the one way CPU-safe modules reach their Triton
 kernels (a module for CUDA tensors, None for other devices or a module that cannot load)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from minisparse.kernels import triton_module
+from minisparse.utils.kernels import triton_module
 
 CUDA_TENSOR = SimpleNamespace(is_cuda=True)  # what the loader reads of a CUDA tensor
 

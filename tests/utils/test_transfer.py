@@ -1,9 +1,9 @@
-"""minisparse/transfer.py: host values onto a device (the page-locked, queued copy is the
+"""minisparse/utils/transfer.py: host values onto a device (the page-locked, queued copy is the
 CUDA path, run by every GPU test of the training passes and the engine)."""
 import pytest
 import torch
 
-from minisparse.transfer import to_device
+from minisparse.utils.transfer import to_device
 
 
 def test_lists_and_tensors_arrive_with_their_values():

@@ -1,3 +1,0 @@
-"""Benchmarks of the rollout engine, apart from its runtime path: tokens/s against SGLang
-and the memory bound (`python -m minisparse.engine.bench`), and the paged decode kernel
-alone (`python -m minisparse.engine.bench.decode`)."""

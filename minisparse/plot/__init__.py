@@ -1,0 +1,2 @@
+"""What a run's metrics.jsonl shows: training curves of one or more runs (curves), and an
+ablation's results tables (table). `python -m minisparse.plot` draws and prints them."""

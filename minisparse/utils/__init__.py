@@ -1,0 +1,4 @@
+"""Small helpers any layer may use, each one job: ranks and how a metric combines over them
+(distributed), atomic file writes (files), host values onto the GPU without a host wait
+(transfer), the one lazy loader of Triton kernel modules (kernels), library chatter kept
+out of a run's output (quiet), and the heartbeat line of a long phase (heartbeat)."""
