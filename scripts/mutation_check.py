@@ -108,6 +108,8 @@ MUTATIONS = [
              "old and reference log-probs at temperature 1"),
     Mutation(T, "batch.rewards, run.cfg.n_samples_per_prompt,", "batch.rewards, 1,",
              "advantages against groups of one sample (every advantage 0)"),
+    Mutation(G + "objective.py", "to_device(t[rows], device)", "to_device(t[: len(rows)], device)",
+             "a micro-batch reads the batch's first rows, not its own"),
 ]
 
 

@@ -311,6 +311,18 @@ def load_config(name_or_path: str | None = None, overrides: Sequence[str] = ()) 
     return cfg
 
 
+def dotted_items(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested settings dict as its dotted keys (`compress.budget`), the way --set names
+    them, to compare two configs key by key."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(dotted_items(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
 def config_value(cfg: Config, key: str) -> Any:
     """The value of a dotted leaf key in cfg."""
     node: Any = cfg

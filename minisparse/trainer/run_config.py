@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from minisparse.config.load import config_to_dict, dump_config
+from minisparse.config.load import config_to_dict, dotted_items, dump_config
 from minisparse.config.schema import Config, ConfigError
 from minisparse.utils.files import atomic_write
 
@@ -61,16 +61,6 @@ def recorded_settings(output_dir: str | Path) -> dict | None:
     return raw if isinstance(raw, dict) else None
 
 
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
 def resumable(key: str) -> bool:
     return key in RESUMABLE_KEYS or key.startswith(RESUMABLE_SECTIONS)
 
@@ -78,7 +68,7 @@ def resumable(key: str) -> bool:
 def changed_settings(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """(key, old value, new value) of every setting that changes what is trained, in the
     schema's order; a key one side lacks (a newer schema) is not a change."""
-    before, after = _flat(old), _flat(new)
+    before, after = dotted_items(old), dotted_items(new)
     return [(k, before[k], v) for k, v in after.items()
             if k in before and before[k] != v and not resumable(k)]
 

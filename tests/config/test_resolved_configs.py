@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from minisparse.config.cli import add_config_args, config_from_args
-from minisparse.config.load import key_default, shipped_configs
+from minisparse.config.load import dotted_items, key_default, shipped_configs
 
 RESOLVED = Path(__file__).resolve().parent / "resolved"
 
@@ -27,16 +27,6 @@ def _printed(name: str, capsys: pytest.CaptureFixture) -> str:
     return capsys.readouterr().out
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
 def test_every_shipped_config_has_its_resolved_file():
     assert sorted(p.stem for p in RESOLVED.glob("*.yaml")) == shipped_configs()
 
@@ -47,7 +37,8 @@ def test_print_config_resolves_as_before(name, capsys):
     path = RESOLVED / f"{name}.yaml"
     if os.environ.get("UPDATE_RESOLVED") == "1":
         path.write_text(printed)
-    now, before = _flat(yaml.safe_load(printed)), _flat(yaml.safe_load(path.read_text()))
+    now = dotted_items(yaml.safe_load(printed))
+    before = dotted_items(yaml.safe_load(path.read_text()))
     changed = {k: (before[k], now.get(k, "<gone>")) for k in before
                if now.get(k, "<gone>") != before[k]}
     assert not changed, f"{name}: (before, now) {changed}"
