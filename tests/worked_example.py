@@ -34,6 +34,10 @@ S = [[2.0, 1.25, 0.75], [1.2, 0.6, 1.0], [1.1, 1e-5, 1.0]]
 Q = [[1.1, 1.3, 0.9], [0.7, 1.1, 1.0], [1.0, 1.0, 1.0]]
 K = [[2.0, 1.0, 0.5], [0.5, 2.0, 1.0], [1.0, 1.0, 1.0]]
 KL_COEF = 0.1
+# The current policy's probabilities (1 on padding); with the table's ratios every old,
+# rollout and reference probability is below 1 too (the vetoed token: 1e-6 under the
+# policy, 0.1 under the sampler).
+NOW = torch.log(torch.tensor([[0.3, 0.5, 0.2], [0.4, 0.6, 1.0], [0.5, 1e-6, 1.0]]))
 # Responses of the lengths above (3, 2, 2 tokens) for a model to score.
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
 RESPONSES = [[10, 11, 12], [13, 14], [15, 16]]

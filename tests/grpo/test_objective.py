@@ -2,29 +2,26 @@
 worked example (tests/worked_example.py): the sampler, dense old, reference and current
 log-probs all differ, so taking any of them for another, or the response mask for the
 kept tokens or the weights, changes a checked number."""
+from dataclasses import replace
+
 import pytest
 import torch
-from worked_example import ADVANTAGES, MASK, expected, expected_loss, loss_config, tensors
+from update_helpers import rollout_batch
+from worked_example import (ADVANTAGES, MASK, NOW, PROMPTS, RESPONSES, expected,
+                            expected_loss, loss_config, tensors)
 
 from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.loss import step_denominator
 from minisparse.grpo.objective import micro_batch_loss
 from minisparse.grpo.rollout import RolloutBatch
 
-NOW = torch.log(torch.tensor([[0.3, 0.5, 0.2], [0.4, 0.6, 1.0], [0.5, 1e-6, 1.0]]))
-
-
 def _batch(cfg) -> RolloutBatch:
     """The worked example as the log-prob phase leaves it: old, reference, weights, keep."""
     t = tensors(NOW)
     corr = compute_corrections(t["old"], t["rollout"], MASK, cfg)
-    n = len(MASK)
-    return RolloutBatch(
-        prompts=[[1]] * n, responses=[[2] * int(m.sum()) for m in MASK], labels=[""] * n,
-        finish_reasons=["stop"] * n, rollout_logp=t["rollout"], response_mask=MASK,
-        num_compressions=[0] * n, evicted_tokens=[0] * n, peak_cache_tokens=[0] * n,
-        compressed_tokens=[0] * n, advantages=ADVANTAGES, old_logp=t["old"],
-        ref_logp=t["ref"], weights=corr.weights, keep=corr.keep)
+    return replace(rollout_batch(PROMPTS, RESPONSES, t["rollout"]), advantages=ADVANTAGES,
+                   old_logp=t["old"], ref_logp=t["ref"], weights=corr.weights,
+                   keep=corr.keep)
 
 
 @pytest.mark.parametrize("tis_level, rs_level", [("token", "token"), ("geometric", "geometric")])

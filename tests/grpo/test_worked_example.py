@@ -4,17 +4,12 @@ import math
 
 import pytest
 import torch
-from worked_example import (ADVANTAGES, CASES, KL_COEF, L2, MASK, S, expected, expected_loss,
-                            loss_config, tensors)
+from worked_example import (ADVANTAGES, CASES, KL_COEF, L2, MASK, NOW, S, expected,
+                            expected_loss, loss_config, tensors)
 
 from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.loss import grpo_loss, step_denominator
 from minisparse.grpo.mismatch import mismatch_metrics
-
-# The current policy's probabilities (1 on padding); with the table's ratios every old,
-# rollout and reference probability is below 1 too (the vetoed token: 1e-6 under the
-# policy, 0.1 under the sampler).
-NOW = torch.log(torch.tensor([[0.3, 0.5, 0.2], [0.4, 0.6, 1.0], [0.5, 1e-6, 1.0]]))
 
 
 def _close(actual, expect) -> None:
