@@ -79,8 +79,8 @@ run_job() {
         ablation:*)
             local variants=(dense rkv_naive rkv rkv_geo snapkv) index
             for index in "${!variants[@]}"; do [ "${variants[$index]}" = "$size" ] && break; done
+            wait_for "$(model_dir 1.5b)/config.json"  # before the clock: UNTIL is an end time
             local seconds=$(( ${UNTIL:-0} > 0 ? UNTIL - $(date +%s) : 86400 ))
-            wait_for "$(model_dir 1.5b)/config.json"
             BASE="$(model_dir 1.5b)" bash scripts/ablation.sh --family coder1.5b \
                 --variants "$size" --seeds "$SEED" --rollouts "$ROLLOUTS" --kv-gb 0 \
                 --micro-tokens 16384 --gpus "${CUDA_VISIBLE_DEVICES:-0}" \
