@@ -25,7 +25,12 @@
 #                  rkv_naive, rkv, rkv_geo, snapkv) of seed $SEED on this queue's GPU, up to
 #                  $ROLLOUTS rollouts, stopped (and saved) by the clock time $UNTIL
 #                  (seconds since the epoch; unset: no limit)
-# Results: $ROOT/JOB (eval.py's folders, the pair's runs; JOB with _ for :), $ROOT/JOB.log.
+#   final:VARIANT[/B1,B2]  eval.py's protocol (--full: T 0.8, top-p 0.95, 8,192 tokens, 32
+#                  samples of 16,384 on aime24 and amc23) on the newest checkpoint of that
+#                  ablation run (keep one: EXTRA="--set save_interval=30"), with the run's
+#                  chat template, on the paper's seven benchmarks or the listed ones
+# Results: $ROOT/JOB (eval.py's folders, the pair's runs; JOB with _ for : / and ,),
+# $ROOT/JOB.log.
 # Settings (environment): MODELS (/tmp/models), GGUF_DIR (/tmp/files), DATA
 # (data/simplelr_qwen_level3to5.jsonl), EVAL_DIR (data/eval), ROOT (/tmp/real),
 # TRAIN_ROWS (512), TRAIN_LEN (4096), SEED (1), ROLLOUTS (30), UNTIL. On the GPU machine the staged wheels
@@ -43,6 +48,7 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$ROOT"
 
+PAPER_BENCHMARKS=gsm8k,math500,minerva_math,olympiadbench,aime24,amc23,gaokao2023en
 model_dir() { echo "$MODELS/qwen2.5-coder-$1-instruct"; }
 wait_for() {  # path: until it exists (a conversion or a staged file still under way)
     until [ -e "$1" ]; do sleep 5; done
@@ -58,8 +64,9 @@ pair() {  # job model port
         bash scripts/dense_vs_sparse.sh
 }
 
+job_name() { local n=${1//[:\/]/_}; echo "${n//,/_}"; }  # a file name: final:dense/a,b -> final_dense_a_b
 run_job() {
-    local job=$1 size=${1#*:}
+    local job=$1 size=${1#*:} name; name=$(job_name "$1")
     case $job in
         convert:*)
             local gguf="$GGUF_DIR/qwen2.5-coder-$size-instruct-q4_k_m.gguf"
@@ -86,6 +93,12 @@ run_job() {
                 --micro-tokens 16384 --gpus "${CUDA_VISIBLE_DEVICES:-0}" \
                 --port $((29650 + index)) --train-s "$seconds" --grace-s 60 \
                 --root "$ROOT/ablation" ;;
+        final:*)
+            local variant=${size%%/*} list=${PAPER_BENCHMARKS}
+            [[ $size == */* ]] && list=${size#*/}
+            python3 eval.py --run "$ROOT/ablation/${variant}_seed$SEED" --full --no-base \
+                --no-progress --set eval.benchmarks="$list" --set eval.data_dir="$EVAL_DIR" \
+                --set reward.workers=4 --output "$ROOT/${name}" ;;
         *) echo "unknown job '$job' (see --help)" >&2; return 2 ;;
     esac
 }
@@ -94,7 +107,7 @@ if ! python3 -c "import deepspeed, math_verify" 2>/dev/null; then
     for part in .stage/deps/p*/; do [ -d "$part" ] && bash "$part/install.sh" "$part"; done
 fi
 for job in "$@"; do
-    name=${job//:/_}
+    name=$(job_name "$job")
     start=$(date +%s)
     echo "$(date +%T) $job: start (GPU ${CUDA_VISIBLE_DEVICES:-all})"
     run_job "$job" > "$ROOT/$name.log" 2>&1
