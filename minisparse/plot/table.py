@@ -8,7 +8,9 @@ Cost: per variant, over the rollouts every run of every variant has done (so var
 compared on the same rollouts), each run's mean, then mean ± std over seeds: wall time
 per rollout (time/step_s: rollout to update, evaluation and saving left out), rollout
 tokens/s, peak KV per sequence (its mean over samples, and the most any sample held),
-and the most GPU memory the process held in any phase. Runs that share a GPU share its
+the share of tokens rejection kept and of sequences the veto dropped, the most KV the
+engine held at once, each KV figure also as a share of the dense variant's, and the most
+GPU memory the process held in any phase. Runs that share a GPU share its
 time, so wall time and tokens/s are those of the runs together.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from collections.abc import Callable
 
 HELDOUT = "eval/average_accuracy"
+INTERVAL = "_ci95"  # eval/BENCHMARK/accuracy_ci95: half-width of one evaluation's 95% interval
 DENSE = "dense"  # the variant the KV column divides by, when there is one
 
 
@@ -82,6 +85,23 @@ def heldout_table(groups: dict[str, list[list[dict]]]) -> str:
     return "\n".join(lines)
 
 
+def interval_table(groups: dict[str, list[list[dict]]]) -> str:
+    """Markdown: per variant, the half-width of one evaluation's 95% interval over problems
+    (in %, the mean over its seeds and benchmarks) at each common evaluation rollout, so a
+    gap between variants can be read against what one evaluation can resolve."""
+    at = eval_rollouts(groups)
+    lines = ["| variant | " + " | ".join(f"rollout {r}" for r in at) + " |",
+             "|---|" + "---|" * len(at)]
+    for name, runs in groups.items():
+        cells = []
+        for r in at:
+            widths = [v for rows in runs for row in rows if row["rollout"] == r
+                      for k, v in row.items() if k.startswith("eval/") and k.endswith(INTERVAL)]
+            cells.append("-" if not widths else f"± {100 * sum(widths) / len(widths):.1f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 COST_COLUMNS: tuple[tuple[str, str, Callable | None, str, float], ...] = (
     # (header, metric, reduce over rollouts (None: mean), format, scale)
     ("training accuracy %", "rollout/accuracy", None, "{:.1f}", 100.0),
@@ -92,31 +112,44 @@ COST_COLUMNS: tuple[tuple[str, str, Callable | None, str, float], ...] = (
     ("peak KV / seq, max", "compress/peak_cache_tokens_max", max, "{:.0f}", 1.0),
     ("compressed-token share", "compress/compressed_token_frac", None, "{:.2f}", 1.0),
     ("mismatch KL (k1)", "mismatch/kl_k1", None, "{:.4f}", 1.0),
+    ("kept tokens", "rs/kept_token_frac", None, "{:.2f}", 1.0),
+    ("vetoed sequences", "rs/vetoed_frac", None, "{:.2f}", 1.0),
+    ("KV held at once, peak", "perf/peak_kv_tokens", max, "{:.0f}", 1.0),
+)
+# (header, metric, reduce): KV figures also given as a share of the dense variant's
+RELATIVE_COLUMNS: tuple[tuple[str, str, Callable | None], ...] = (
+    ("KV / dense", "compress/peak_cache_tokens_mean", None),
+    ("KV at once / dense", "perf/peak_kv_tokens", max),
 )
 
 
+def dense_mean(groups: dict[str, list[list[dict]]], key: str, upto: int,
+               reduce: Callable | None) -> float | None:
+    """The dense variant's `key` (each run's mean or reduce, then over its seeds); None
+    without a dense variant or the metric."""
+    values = [run_mean(rows, key, upto, reduce) for rows in groups.get(DENSE, [])]
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 def cost_table(groups: dict[str, list[list[dict]]]) -> str:
-    """Markdown: a row per variant, the COST_COLUMNS, the KV relative to the dense
-    variant's and the GPU memory, over the rollouts all runs have done."""
+    """Markdown: a row per variant, the COST_COLUMNS, the RELATIVE_COLUMNS and the GPU
+    memory, over the rollouts all runs have done."""
     upto = common_rollouts(groups)
-    head = [c[0] for c in COST_COLUMNS]
-    dense = groups.get(DENSE)
-    dense_kv = None
-    if dense:
-        values = [run_mean(rows, "compress/peak_cache_tokens_mean", upto) for rows in dense]
-        values = [v for v in values if v is not None]
-        dense_kv = sum(values) / len(values) if values else None
+    head = [c[0] for c in COST_COLUMNS] + [c[0] for c in RELATIVE_COLUMNS]
+    dense = {key: dense_mean(groups, key, upto, reduce) for _, key, reduce in RELATIVE_COLUMNS}
     lines = [f"over rollouts 1-{upto}", "",
-             "| variant | seeds | " + " | ".join(head) + " | KV / dense | GPU memory GiB |",
-             "|---|---|" + "---|" * (len(head) + 2)]
+             "| variant | seeds | " + " | ".join(head) + " | GPU memory GiB |",
+             "|---|---|" + "---|" * (len(head) + 1)]
     for name, runs in groups.items():
         cells = []
         for _, key, reduce, fmt, scale in COST_COLUMNS:
             values = [run_mean(rows, key, upto, reduce) for rows in runs]
             cells.append(cell([v for v in values if v is not None], fmt, scale))
-        kv = [run_mean(rows, "compress/peak_cache_tokens_mean", upto) for rows in runs]
-        kv = [v / dense_kv for v in kv if v is not None] if dense_kv else []
-        cells.append(cell(kv, "{:.2f}"))
+        for _, key, reduce in RELATIVE_COLUMNS:
+            values = [run_mean(rows, key, upto, reduce) for rows in runs]
+            cells.append(cell([v / dense[key] for v in values if v is not None]
+                              if dense[key] else [], "{:.2f}"))
         memory = [peak_memory(rows, upto) for rows in runs]
         cells.append(cell([v for v in memory if v is not None], "{:.2f}"))
         lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
@@ -155,8 +188,10 @@ def window_table(groups: dict[str, list[list[dict]]], width: int = 10) -> str:
 
 
 def results_tables(groups: dict[str, list[list[dict]]]) -> str:
-    """The three tables, headed, ready for docs/results.md."""
+    """The four tables, headed, ready for docs/results.md."""
     return ("held-out accuracy, % (mean ± std over seeds)\n\n" + heldout_table(groups)
+            + "\n\none evaluation's 95% interval, half-width over problems (mean over seeds)"
+            "\n\n" + interval_table(groups)
             + "\n\ncost per variant (each run's mean; mean ± std over seeds)\n\n"
             + cost_table(groups)
             + "\n\nper 10-rollout window (each run's mean; mean ± std over seeds)\n\n"

@@ -190,11 +190,19 @@ def test_table_prints_mean_and_std_over_seeds(tmp_path, capsys):
     dirs = _seeds(tmp_path)
     for d in dirs:  # costs: dense peak KV 200, rkv 90 and 110; step times
         rows = curves.read_metrics(d)
+        dense = "dense" in d.name
         for row in rows:
-            row["compress/peak_cache_tokens_mean"] = 200.0 if "dense" in d.name else (
+            row["compress/peak_cache_tokens_mean"] = 200.0 if dense else (
                 90.0 if d.name.endswith("1") else 110.0)
             row["time/step_s"] = 10.0 * row["rollout"]
             row["mem/rollout_peak_gib"], row["mem/update_peak_gib"] = 1.0, 3.0 + row["rollout"]
+            # KV held at once: its peak over rollouts 1-2 is 2,000 (dense), 800 (rkv)
+            row["perf/peak_kv_tokens"] = (1000.0 if dense else 400.0) * row["rollout"]
+            if not dense:  # rejection keeps 0.6 of tokens, the veto drops 0.2 / 0.4
+                row["rs/kept_token_frac"] = 0.6
+                row["rs/vetoed_frac"] = 0.2 * row["rollout"]
+            if "eval/average_accuracy" in row:  # one evaluation's interval: 3% / 5%
+                row["eval/math500/accuracy_ci95"] = 0.03 if dense else 0.05
         write_run(d.parent / (d.name + "_"), rows)  # rewritten copies
     assert curves.main([str(d.parent / (d.name + "_")) for d in dirs]
                      + ["--names", ",".join(d.name for d in dirs), "--group", "--table"]) == 0
@@ -210,12 +218,16 @@ def test_table_prints_mean_and_std_over_seeds(tmp_path, capsys):
     dense = next(line for line in cost if line.startswith("| dense |"))
     rkv = next(line for line in cost if line.startswith("| rkv |"))
     # columns: training accuracy, response tokens (not logged), s / rollout, tokens/s,
-    # KV mean, KV max, compressed-token share, mismatch, KV / dense, GPU memory (the
-    # larger phase peak: 3 + 2)
+    # KV mean, KV max, compressed-token share, mismatch, kept tokens, vetoed sequences
+    # (mean of 0.2 and 0.4), KV held at once, KV / dense, KV at once / dense (800 / 2,000),
+    # GPU memory (the larger phase peak: 3 + 2)
     assert dense == ("| dense | 3 | 25.0 ± 10.0 | - | 15.0 ± 0.0 | - | 200 ± 0 | - | - | - | "
-                     "1.00 ± 0.00 | 5.00 ± 0.00 |")
+                     "- | - | 2000 ± 0 | 1.00 ± 0.00 | 1.00 ± 0.00 | 5.00 ± 0.00 |")
     assert rkv == ("| rkv | 2 | 15.0 ± 14.1 | - | 15.0 ± 0.0 | - | 100 ± 14 | - | - | - | "
-                   "0.50 ± 0.07 | 5.00 ± 0.00 |")
+                   "0.60 ± 0.00 | 0.30 ± 0.00 | 800 ± 0 | 0.50 ± 0.07 | 0.40 ± 0.00 | "
+                   "5.00 ± 0.00 |")
+    interval = out.split("one evaluation's 95% interval")[1].split("cost per variant")[0]
+    assert "| dense | ± 3.0 |" in interval and "| rkv | ± 5.0 |" in interval
     assert not list(tmp_path.glob("*/curves.png"))  # --table alone draws nothing
 
 
