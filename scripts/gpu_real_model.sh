@@ -27,8 +27,9 @@
 #                  (seconds since the epoch; unset: no limit)
 #   final:VARIANT[/B1,B2]  eval.py's protocol (--full: T 0.8, top-p 0.95, 8,192 tokens, 32
 #                  samples of 16,384 on aime24 and amc23) on the newest checkpoint of that
-#                  ablation run (keep one: EXTRA="--set save_interval=30"), with the run's
-#                  chat template, on the paper's seven benchmarks or the listed ones
+#                  ablation run once its rollout $ROLLOUTS is saved (waited for; keep it:
+#                  EXTRA="--set save_interval=30"), with the run's chat template, on the
+#                  paper's seven benchmarks or the listed ones (split them over GPUs)
 # Results: $ROOT/JOB (eval.py's folders, the pair's runs; JOB with _ for : / and ,),
 # $ROOT/JOB.log.
 # Settings (environment): MODELS (/tmp/models), GGUF_DIR (/tmp/files), DATA
@@ -96,7 +97,9 @@ run_job() {
         final:*)
             local variant=${size%%/*} list=${PAPER_BENCHMARKS}
             [[ $size == */* ]] && list=${size#*/}
-            python3 eval.py --run "$ROOT/ablation/${variant}_seed$SEED" --full --no-base \
+            local run="$ROOT/ablation/${variant}_seed$SEED"
+            wait_for "$run/checkpoints/rollout_$(printf %06d "$ROLLOUTS")/COMPLETE"
+            python3 eval.py --run "$run" --full --no-base \
                 --no-progress --set eval.benchmarks="$list" --set eval.data_dir="$EVAL_DIR" \
                 --set reward.workers=4 --output "$ROOT/${name}" ;;
         *) echo "unknown job '$job' (see --help)" >&2; return 2 ;;
