@@ -49,7 +49,6 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$ROOT"
 
-PAPER_BENCHMARKS=gsm8k,math500,minerva_math,olympiadbench,aime24,amc23,gaokao2023en
 model_dir() { echo "$MODELS/qwen2.5-coder-$1-instruct"; }
 wait_for() {  # path: until it exists (a conversion or a staged file still under way)
     until [ -e "$1" ]; do sleep 5; done
@@ -67,7 +66,7 @@ pair() {  # job model port
 
 job_name() { local n=${1//[:\/]/_}; echo "${n//,/_}"; }  # a file name: final:dense/a,b -> final_dense_a_b
 run_job() {
-    local job=$1 size=${1#*:} name; name=$(job_name "$1")
+    local job=$1 size=${1#*:}
     case $job in
         convert:*)
             local gguf="$GGUF_DIR/qwen2.5-coder-$size-instruct-q4_k_m.gguf"
@@ -95,13 +94,14 @@ run_job() {
                 --port $((29650 + index)) --train-s "$seconds" --grace-s 60 \
                 --root "$ROOT/ablation" ;;
         final:*)
-            local variant=${size%%/*} list=${PAPER_BENCHMARKS}
-            [[ $size == */* ]] && list=${size#*/}
+            local variant=${size%%/*} list=${size#*/}
+            [[ $size == */* ]] || list=$(python3 -c "from minisparse.data.benchmarks import \
+PAPER_BENCHMARKS as names; print(','.join(names))")
             local run="$ROOT/ablation/${variant}_seed$SEED"
             wait_for "$run/checkpoints/rollout_$(printf %06d "$ROLLOUTS")/COMPLETE"
             python3 eval.py --run "$run" --full --no-base \
                 --no-progress --set eval.benchmarks="$list" --set eval.data_dir="$EVAL_DIR" \
-                --set reward.workers=4 --output "$ROOT/${name}" ;;
+                --set reward.workers=4 --output "$ROOT/$(job_name "$job")" ;;
         *) echo "unknown job '$job' (see --help)" >&2; return 2 ;;
     esac
 }
