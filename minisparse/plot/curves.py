@@ -5,6 +5,7 @@
     python -m minisparse.plot outputs/a outputs/b --names dense,rkv --smooth 5 --out ab.png
     python -m minisparse.plot outputs/ablation/*_seed* --group --out ablation.png
     python -m minisparse.plot outputs/ablation/*_seed* --group --table   # results tables
+    python -m minisparse.plot --evals results/dense results/rkv          # eval.py's results
 
 Reads only metrics.jsonl (one row per rollout), so it works on a run still in progress:
 a line cut short by a write in flight is skipped. Runs are named by their folder unless
@@ -16,7 +17,9 @@ curves.png in the first run's folder.
 trailing seed (rkv_seed1, rkv_seed2; rkv-s1, rkv_s2) are a group, drawn as the mean over
 its seeds at the rollouts every one of them logged, with a band from the lowest to the
 highest seed. --table prints the held-out accuracy and cost tables (minisparse/plot/table.py)
-of the groups instead of drawing (and draws too when --out is given).
+of the groups instead of drawing (and draws too when --out is given). --evals reads
+eval.py's results folders instead of runs and prints their benchmarks side by side
+(minisparse/plot/evals.py).
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ import json
 import re
 import sys
 from pathlib import Path
+
+from minisparse.plot.evals import EvalsError, evals_table, read_results
 
 # (title, [(metric, line style)]): the curves the ablation is read from
 PANELS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
@@ -192,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minisparse.plot",
                                      description=__doc__.split("\n")[0],
                                      formatter_class=HelpFormatter)
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir")
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                        help="a run's output_dir (with --evals: an eval.py results folder)")
     parser.add_argument("--out", default=None,
                         help="image file (.png, .pdf, .svg); default: curves.png in the "
                              "first RUN_DIR")
@@ -205,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--table", action="store_true",
                         help="print the held-out accuracy and cost tables per variant (mean "
                              "± std over seeds) instead of drawing; --out draws as well")
+    parser.add_argument("--evals", action="store_true",
+                        help="the folders are eval.py results (NAME/metrics.json a "
+                             "benchmark): print their benchmarks side by side, a folder a "
+                             "column")
     return parser
 
 
@@ -216,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
             raise PlotError(f"--names has {len(names)} names for {len(args.runs)} runs")
         if len(set(names)) != len(names):
             raise PlotError("two runs have the same name; give --names")
+        if args.evals:
+            print(evals_table({n: read_results(r) for n, r in zip(names, args.runs)}))
+            return 0
         runs = {name: read_metrics(run) for name, run in zip(names, args.runs)}
         if args.table:
             from minisparse.plot.table import results_tables
@@ -226,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out or not args.table:
             path = plot_runs(runs, args.out or Path(args.runs[0]) / "curves.png", args.smooth,
                              args.group)
-    except PlotError as exc:
+    except (PlotError, EvalsError) as exc:
         print(f"plot error: {exc}", file=sys.stderr)
         return 2
     if path is not None:
