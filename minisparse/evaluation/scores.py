@@ -79,9 +79,10 @@ def flat_metrics(summary: dict, prefix: str = "eval") -> dict[str, float]:
     return flat
 
 
-def _percent_with_interval(m: dict) -> str:
+def percent_with_interval(m: dict, plus_minus: str = "+-") -> str:
+    """A benchmark's accuracy in % with its 95% interval where it has one: '40.6 +- 4.3'."""
     ci = m.get("accuracy_ci95")
-    return f"{100 * m['accuracy']:.1f}" + ("" if ci is None else f" +- {100 * ci:.1f}")
+    return f"{100 * m['accuracy']:.1f}" + ("" if ci is None else f" {plus_minus} {100 * ci:.1f}")
 
 
 def format_table(summary: dict) -> str:
@@ -92,7 +93,7 @@ def format_table(summary: dict) -> str:
     for name, m in summary["benchmarks"].items():
         best_k = list(m["pass_at_k"])[-1]
         rows.append((
-            name, str(m["problems"]), str(m["n_samples"]), _percent_with_interval(m),
+            name, str(m["problems"]), str(m["n_samples"]), percent_with_interval(m),
             f"{100 * m['pass_at_k'][best_k]:.1f} ({best_k})", f"{m['mean_response_tokens']:.0f}",
             f"{100 * m['truncated_fraction']:.1f}%", str(m["grading_timeouts"]),
             f"{m['generation_s']:.1f}", f"{m['tokens_per_s']:.0f}",

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from minisparse.data.benchmarks import PAPER_BENCHMARKS
+from minisparse.evaluation.scores import percent_with_interval
 
 
 REQUIRED = ("accuracy", "n_samples", "problems", "mean_response_tokens", "truncated_fraction")
@@ -50,16 +51,15 @@ def _protocol(m: dict) -> str:
 
 
 def _cell(m: dict, protocol: str) -> str:
-    ci = m.get("accuracy_ci95")
-    text = f"{100 * m['accuracy']:.1f}" + ("" if ci is None else f" ± {100 * ci:.1f}")
+    text = percent_with_interval(m, "±")
     text += (f" ({m['mean_response_tokens']:,.0f} tokens, "
              f"{100 * m['truncated_fraction']:.1f}% cut)")
     if m["n_samples"] > 1:
         k = f"pass@{m['n_samples']}"
         if k in m.get("pass_at_k", {}):
             text += f", {k} {100 * m['pass_at_k'][k]:.1f}"
-    if _protocol(m) != protocol:
-        text += f" [{_protocol(m)}]"
+    if (own := _protocol(m)) != protocol:
+        text += f" [{own}]"
     return text
 
 
