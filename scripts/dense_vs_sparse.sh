@@ -82,27 +82,4 @@ for name in sparse dense; do
     [ -f "$ROOT/$name/metrics.jsonl" ] && python3 scripts/phase_table.py \
         "$ROOT/$name/metrics.jsonl" --prefix perf/ --key compress/peak_cache_tokens_mean | tail -30
 done
-python3 - "$ROOT" "$RUNS" <<'PY'
-import json, sys
-from pathlib import Path
-last = {}
-for name in ("sparse", "dense"):
-    path = Path(sys.argv[1]) / name / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    if rows:
-        last[name] = rows[-1]
-failed = [name for name in sys.argv[2].split() if name not in last]
-if failed:
-    sys.exit(f"no step-time ratio: {' and '.join(failed)} did not finish a rollout (see its log)")
-if len(last) < 2:
-    later = "dense" if "sparse" in last else "sparse"
-    print(f"no step-time ratio yet: RUNS={later} with the same ROOT adds the other run")
-    sys.exit(0)
-s, d = last["sparse"], last["dense"]
-if s["rollout"] != d["rollout"]:
-    sys.exit(f"no step-time ratio: the runs' last rollouts differ (compressed {s['rollout']}, "
-             f"dense {d['rollout']}): run both with the same ROLLOUTS")
-print(f"rollout {s['rollout']}: step dense {d['time/step_s']:.1f} s, compressed "
-      f"{s['time/step_s']:.1f} s: dense / compressed {d['time/step_s'] / s['time/step_s']:.2f}x "
-      f"(rollout {d['time/rollout_s'] / s['time/rollout_s']:.2f}x)")
-PY
+python3 scripts/pair_table.py "$ROOT" --expect "$RUNS"

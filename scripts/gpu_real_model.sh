@@ -19,7 +19,8 @@
 #                  prompts, T 1.0 (the training temperature), up to $TRAIN_LEN tokens
 #   exact:SIZE     tests/engine/test_gpu_real_qwen.py: greedy engine tokens = HF generate
 #   pair:real      scripts/dense_vs_sparse.sh: qwen1.5b_rkv and its dense twin, the
-#                  paper's per-GPU batch (256 x 4,096), on the real 1.5B
+#                  paper's per-GPU batch (256 x 4,096), $PAIR_ROLLOUTS rollouts each, on
+#                  the real 1.5B
 #   pair:random    the same on random weights of the Qwen2.5-1.5B shape
 #   ablation:VARIANT  scripts/ablation.sh --family coder1.5b, this one variant (dense,
 #                  rkv_naive, rkv, rkv_geo, snapkv) of seed $SEED on this queue's GPU, up to
@@ -34,15 +35,16 @@
 # $ROOT/JOB.log.
 # Settings (environment): MODELS (/tmp/models), GGUF_DIR (/tmp/files), DATA
 # (data/simplelr_qwen_level3to5.jsonl), EVAL_DIR (data/eval), ROOT (/tmp/real),
-# TRAIN_ROWS (512), TRAIN_LEN (4096), SEED (1), ROLLOUTS (30), UNTIL. On the GPU machine the staged wheels
-# (.stage/deps) are installed first where deepspeed is missing.
+# TRAIN_ROWS (512), TRAIN_LEN (4096), SEED (1), ROLLOUTS (30), UNTIL, PAIR_ROLLOUTS (3).
+# On the GPU machine the staged wheels (.stage/deps) are installed first where deepspeed
+# is missing.
 case ${1:-} in -h|--help|"") sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODELS=${MODELS:-/tmp/models}; GGUF_DIR=${GGUF_DIR:-/tmp/files}; ROOT=${ROOT:-/tmp/real}
 DATA=${DATA:-data/simplelr_qwen_level3to5.jsonl}; EVAL_DIR=${EVAL_DIR:-data/eval}
 TRAIN_ROWS=${TRAIN_ROWS:-512}; TRAIN_LEN=${TRAIN_LEN:-4096}
-SEED=${SEED:-1}; ROLLOUTS=${ROLLOUTS:-30}; UNTIL=${UNTIL:-}
+SEED=${SEED:-1}; ROLLOUTS=${ROLLOUTS:-30}; UNTIL=${UNTIL:-}; PAIR_ROLLOUTS=${PAIR_ROLLOUTS:-3}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
@@ -61,7 +63,7 @@ evaluate() {  # job size flags...: eval.py on the real model into $ROOT/job
 }
 pair() {  # job model port
     ROOT="$ROOT/${1//:/_}" CONFIG=qwen1.5b_rkv MODEL=$2 DATA=$DATA AT_ONCE=0 PORT=$3 \
-        bash scripts/dense_vs_sparse.sh
+        ROLLOUTS=$PAIR_ROLLOUTS bash scripts/dense_vs_sparse.sh
 }
 
 job_name() { local n=${1//[:\/]/_}; echo "${n//,/_}"; }  # a file name: final:dense/a,b -> final_dense_a_b

@@ -1,5 +1,7 @@
 """scripts/dense_vs_sparse.sh on the CPU: the tiny model's compressed and dense runs one
-after the other, their phase tables and the step-time ratio read from both metrics."""
+after the other, their phase tables and the step-time ratio read from both metrics; and
+scripts/pair_table.py, which reads that ratio, over repeated pairs."""
+import json
 import os
 import subprocess
 import sys
@@ -7,6 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "dense_vs_sparse.sh"
+PAIR_TABLE = REPO / "scripts" / "pair_table.py"
 
 
 def _tiny_env(root: Path) -> dict[str, str]:
@@ -33,7 +36,7 @@ def test_tiny_pair_prints_both_runs_and_the_ratio(tmp_path):
     assert "sparse: exit 0" in out and "dense: exit 0" in out
     assert "=== sparse" in out and "=== dense" in out and "--- rollout 1" in out
     ratio = [line for line in out.splitlines() if "dense / compressed" in line]
-    assert len(ratio) == 1 and ratio[0].startswith("rollout 1: step dense ")
+    assert len(ratio) == 1 and ratio[0].startswith(f"{tmp_path.name}: rollout 1: step dense ")
     for name in ("sparse", "dense"):
         assert (tmp_path / name / "metrics.jsonl").read_text().count("\n") == 1
     dense_log = (tmp_path / "dense.log").read_text()
@@ -73,3 +76,40 @@ def test_bad_settings_exit_2_naming_them(tmp_path):
     res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "AT_ONCE: 'yes' is not 0 or 1" in res.stderr
+
+
+def _write_pair(root: Path, sparse_step: float, dense_step: float, rollout: int = 3) -> None:
+    """A pair's two run folders holding rollouts 2..rollout (step and rollout phase times)."""
+    for name, step in (("sparse", sparse_step), ("dense", dense_step)):
+        rows = [{"rollout": r, "time/step_s": step + r - rollout, "time/rollout_s": step / 2,
+                 "perf/peak_kv_tokens": 1000.0 if name == "dense" else 400.0}
+                for r in range(2, rollout + 1)]
+        (root / name).mkdir(parents=True)
+        (root / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_pair_table_medians_over_repeated_pairs(tmp_path):
+    """Three repeats of a pair: each pair's ratio at the last rollout, the median row of
+    each run and the median ratio with its range; --rollout picks an earlier rollout."""
+    for label, sparse, dense in (("a", 20.0, 30.0), ("b", 25.0, 25.0), ("c", 40.0, 44.0)):
+        _write_pair(tmp_path / label, sparse, dense)
+    roots = [str(tmp_path / label) for label in "abc"]
+    res = subprocess.run([sys.executable, str(PAIR_TABLE), *roots], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "| a | compressed | 20.0 | 10.0 | - | - | - | 400 | - |" in lines
+    assert "| median of 3 | compressed | 25.0 | 12.5 | - | - | - | 400 | - |" in lines
+    assert "| median of 3 | dense | 30.0 | 15.0 | - | - | - | 1,000 | - |" in lines
+    assert ("a: rollout 3: step dense 30.0 s, compressed 20.0 s: dense / compressed 1.50x "
+            "(rollout 1.50x)") in lines
+    assert lines[-1] == ("median of 3 pairs: dense / compressed 1.10x a step (1.00-1.50x), "
+                         "1.10x a rollout (1.00-1.50x)")
+    earlier = subprocess.run([sys.executable, str(PAIR_TABLE), roots[0], "--rollout", "2"],
+                             capture_output=True, text=True, timeout=60)
+    assert "a: rollout 2: step dense 29.0 s, compressed 19.0 s: dense / compressed 1.53x" \
+        in earlier.stdout
+    missing = subprocess.run([sys.executable, str(PAIR_TABLE), roots[0], "--rollout", "5"],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1
+    assert "no step-time ratio: sparse and dense did not finish rollout 5" in missing.stderr
