@@ -1,11 +1,12 @@
 """A benchmark's scores from its graded samples (Sparse-RL paper / Qwen2.5-Math harness):
 avg@n (mean accuracy over all samples) with its 95% interval, unbiased pass@k for the
-powers of two up to n, lengths, truncation and grading timeouts; and how they are shown
-(the training logger's keys, eval.py's table)."""
+powers of two up to n, lengths, truncation and grading timeouts; the paired difference of
+two checkpoints on the same problems; and how they are shown (the training logger's keys,
+eval.py's table)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -29,6 +30,36 @@ def accuracy_ci95(per_problem: Sequence[float]) -> float | None:
     return 1.96 * math.sqrt(variance / count)
 
 
+def problem_counts(records: Sequence[dict]) -> dict[int, tuple[int, int]]:
+    """problem_index -> (its samples graded right, its samples)."""
+    counts: dict[int, tuple[int, int]] = {}
+    for r in records:
+        right, total = counts.get(r["problem_index"], (0, 0))
+        counts[r["problem_index"]] = (right + int(r["correct"]), total + 1)
+    return counts
+
+
+def per_problem_accuracy(records: Sequence[dict]) -> dict[int, float]:
+    """problem_index -> the share of its samples graded right."""
+    return {index: right / total for index, (right, total) in problem_counts(records).items()}
+
+
+def paired_difference(base: Mapping[Hashable, float], other: Mapping[Hashable, float]
+                      ) -> tuple[float, float | None]:
+    """Mean accuracy of `other` minus `base` over the same problems, with its 95% interval.
+
+    Two checkpoints scored on the same problems share each problem's difficulty, so the
+    per-problem differences vary far less than either score: the interval of the
+    difference is narrower than the two scores' intervals side by side suggest (on
+    MATH500 about +-2.9 points against +-3.8 each)."""
+    if set(base) != set(other):
+        only_one = len(set(base) ^ set(other))
+        raise ValueError(f"paired difference needs the same problems: {only_one} scored by "
+                         "one side only")
+    differences = [other[index] - base[index] for index in base]
+    return sum(differences) / len(differences), accuracy_ci95(differences)
+
+
 def pass_k_values(n: int) -> list[int]:
     """1, 2, 4, ... up to n."""
     return [2**i for i in range(n.bit_length()) if 2**i <= n]
@@ -36,17 +67,15 @@ def pass_k_values(n: int) -> list[int]:
 
 def sample_metrics(records: Sequence[dict], n_samples: int) -> dict:
     """avg@n, pass@k, length, truncation and timeouts from per-sample records."""
-    correct: dict[int, int] = {}
-    for r in records:
-        correct[r["problem_index"]] = correct.get(r["problem_index"], 0) + int(r["correct"])
+    correct = [right for right, _ in problem_counts(records).values()]
     total = len(records)
     metrics = {
         "problems": len(correct),
         "samples": total,
         "accuracy": sum(int(r["correct"]) for r in records) / total,
-        "accuracy_ci95": accuracy_ci95([c / n_samples for c in correct.values()]),
+        "accuracy_ci95": accuracy_ci95([c / n_samples for c in correct]),
         "pass_at_k": {
-            f"pass@{k}": sum(pass_at_k(n_samples, c, k) for c in correct.values()) / len(correct)
+            f"pass@{k}": sum(pass_at_k(n_samples, c, k) for c in correct) / len(correct)
             for k in pass_k_values(n_samples)
         },
         "mean_response_tokens": sum(r["tokens"] for r in records) / total,

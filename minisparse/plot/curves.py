@@ -29,7 +29,7 @@ import re
 import sys
 from pathlib import Path
 
-from minisparse.plot.evals import EvalsError, evals_table, read_results
+from minisparse.plot.evals import EvalsError, compare_folders
 
 # (title, [(metric, line style)]): the curves the ablation is read from
 PANELS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--evals", action="store_true",
                         help="the folders are eval.py results (NAME/metrics.json a "
                              "benchmark): print their benchmarks side by side, a folder a "
-                             "column")
+                             "column, each later one's paired difference from the first "
+                             "where both kept samples.jsonl")
     return parser
 
 
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(set(names)) != len(names):
             raise PlotError("two runs have the same name; give --names")
         if args.evals:
-            print(evals_table({n: read_results(r) for n, r in zip(names, args.runs)}))
+            print(compare_folders(dict(zip(names, args.runs))))
             return 0
         runs = {name: read_metrics(run) for name, run in zip(names, args.runs)}
         if args.table:

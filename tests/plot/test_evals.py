@@ -66,3 +66,41 @@ def test_a_foreign_metrics_file_is_refused_by_path(tmp_path, content, said):
     with pytest.raises(evals.EvalsError, match=said) as info:
         evals.read_results(tmp_path / "run")
     assert "math500/metrics.json" in str(info.value)
+
+
+def write_samples(folder, name, right, questions=True):
+    """samples.jsonl of one benchmark: right[i] = the graded samples of problem i."""
+    rows = [{"problem_index": i, "sample_index": j, "correct": c,
+             **({"question": f"q{i}"} if questions else {})}
+            for i, samples in enumerate(right) for j, c in enumerate(samples)]
+    (folder / name / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_later_columns_show_their_paired_difference_from_the_first(tmp_path, capsys):
+    """Δ where a folder and the first kept samples of the same problems; none where the
+    questions differ, where a side kept no samples, or in the first column itself."""
+    folders = {name: tmp_path / name for name in ("dense", "rkv", "other", "bare")}
+    for name, folder in folders.items():
+        write_bench(folder, "math500", 0.5, problems=4, n=2, samples=name != "bare")
+    write_samples(folders["dense"], "math500", [[1, 0], [1, 1], [0, 0], [0, 1]])
+    write_samples(folders["rkv"], "math500", [[1, 1], [1, 1], [0, 1], [0, 1]])
+    write_samples(folders["other"], "math500", [[1, 1], [1, 1], [1, 1], [1, 1]])
+    rows = (folders["other"] / "math500" / "samples.jsonl").read_text().replace('"q3"', '"q9"')
+    (folders["other"] / "math500" / "samples.jsonl").write_text(rows)
+    assert curves.main([*map(str, folders.values()), "--evals"]) == 0
+    cells = capsys.readouterr().out.splitlines()[2].split(" | ")[1:]
+    # differences 0.5, 0, 0.5, 0: mean 0.25, sample variance 1/12, over 4 problems
+    assert cells[1].endswith(f"; Δ +25.0 ± {100 * 1.96 * (1 / 12 / 4) ** 0.5:.1f}")
+    assert "Δ" not in cells[0] and "Δ" not in cells[2] and "Δ" not in cells[3]
+
+
+def test_records_kept_without_questions_pair_by_index(tmp_path):
+    for name, right in (("a", [[0], [1], [0]]), ("b", [[1], [1], [0]])):
+        write_bench(tmp_path / name, "gsm8k", 0.5, problems=3)
+        write_samples(tmp_path / name, "gsm8k", right, questions=False)
+    table = evals.compare_folders({"a": tmp_path / "a", "b": tmp_path / "b"})
+    assert "; Δ +33.3 ± 65.3 |" in table.splitlines()[2]
+    (tmp_path / "b" / "gsm8k" / "samples.jsonl").write_text("{broken\n")
+    with pytest.raises(evals.EvalsError,
+                       match="gsm8k/samples.jsonl: not an eval.py samples.jsonl"):
+        evals.compare_folders({"a": tmp_path / "a", "b": tmp_path / "b"})
