@@ -15,7 +15,8 @@ rows, models or settings exit with code 2 before any generation. See docs/eval.m
 arithmetic at its difficulty, else its eval benchmarks) with its prompt template, at a
 size a CPU finishes in minutes (RUN_LIMIT distinct problems, RUN_SAMPLES samples of up to
 the run's max_response_len tokens, its temperature and top_p; --full: the protocol), and
-the run's base model (model.path) the same way, once, beside it.
+the run's base model (model.path) the same way, once, beside it: a table of the two with
+the checkpoint's paired difference from its base, problem by problem (docs/eval.md).
 """
 from __future__ import annotations
 
@@ -293,9 +294,12 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(summary))
     print(f"results in {output.resolve()}")
     if base is not None and args.base:
+        from minisparse.plot.evals import compare_folders
+
         where = output_folder(args, "base")
         print(base_line(name, summary, base, score(with_model(cfg, base), eval_cfg, problems,
                                                    where, args), where))
+        print(compare_folders({"base": where, name: output}))  # with the paired difference
     return 0
 
 

@@ -69,6 +69,11 @@ def test_the_printed_eval_command_scores_the_run_beside_its_base(finished,
     assert res.returncode == 0, res.stderr[-3000:]
     assert ("average accuracy: 0.0% for rollout_000001, 0.0% for the base model tiny (its "
             f"results in {out}/eval/quick/base)") in res.stdout
+    # then both side by side, the checkpoint's paired difference from its base (both 0%)
+    table = res.stdout[res.stdout.index("| benchmark"):].splitlines()
+    assert table[0] == "| benchmark (problems x samples, length) | base | rollout_000001 |"
+    assert table[2].startswith("| arithmetic (50 x 4, <= 48 tokens) | 0.0 ± 0.0 (")
+    assert table[2].endswith("; Δ +0.0 ± 0.0 |")
     for name in ("rollout_000001", "base"):
         result = json.loads((out / "eval/quick" / name / "arithmetic/metrics.json").read_text())
         assert result["settings"]["prompt_template"] == "boxed"  # tiny_rkv's rows: no chat
