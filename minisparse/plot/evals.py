@@ -113,10 +113,13 @@ def evals_table(folders: dict[str, dict[str, dict]],
         first = next(r[bench] for r in folders.values() if bench in r)
         protocol = _protocol(first)
         base = per_problem.get(next(iter(folders)), {}).get(bench)
-        cells = [_cell(r[bench], protocol)
-                 + (_difference(base, per_problem.get(name, {}).get(bench)) if i else "")
-                 if bench in r else "not run"
-                 for i, (name, r) in enumerate(folders.items())]
+        cells = []
+        for column, (name, results) in enumerate(folders.items()):
+            if bench not in results:
+                cells.append("not run")
+                continue
+            later = _difference(base, per_problem.get(name, {}).get(bench)) if column else ""
+            cells.append(_cell(results[bench], protocol) + later)
         lines.append(f"| {bench} ({protocol}) | " + " | ".join(cells) + " |")
     common = [b for b in order if all(b in r for r in folders.values())]
     if common:
