@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     pairs = []
     for root in args.roots:
+        if not any((root / name).is_dir() for name in RUNS):
+            print(f"{root}: not a pair's folder (it holds no sparse/ or dense/ run)",
+                  file=sys.stderr)
+            return 2
         rows = {name: read_rollout(root / name, args.rollout) for name in RUNS}
         failed = [name for name in args.expect.split() if rows.get(name) is None]
         if failed:

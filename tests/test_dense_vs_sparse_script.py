@@ -113,3 +113,8 @@ def test_pair_table_medians_over_repeated_pairs(tmp_path):
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1
     assert "no step-time ratio: sparse and dense did not finish rollout 5" in missing.stderr
+    elsewhere = subprocess.run([sys.executable, str(PAIR_TABLE), str(tmp_path)],
+                               capture_output=True, text=True, timeout=60)
+    assert elsewhere.returncode == 2
+    assert elsewhere.stderr == (f"{tmp_path}: not a pair's folder (it holds no sparse/ or "
+                                "dense/ run)\n")
