@@ -165,10 +165,11 @@ class LLMEngine:
 
     def _share_mode(self) -> str:
         """How the samples of a prompt share its prefill (Scheduler): the same pages when
-        dense, a copy when compaction will rewrite them."""
+        dense or under keep_prompt (compaction writes only past the prompt), a copy when
+        compaction will rewrite them."""
         if not self.cfg.share_prompt_cache:
             return "none"
-        return "copy" if self.policy is not None else "pages"
+        return "copy" if self.policy is not None and not self.compress.keep_prompt else "pages"
 
     def _step(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> None:
         """One prefill step when waiting sequences fit (schedule -> run -> postprocess),

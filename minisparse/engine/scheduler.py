@@ -129,9 +129,9 @@ class Scheduler:
             return None
         tokens = k * self.allocator.page_size
         for sib in self.siblings[seq.prompt_index]:
-            # A compacted cache no longer holds the prompt in order (only "copy" meets one).
+            # A compacted cache holds the prompt in order only under keep_prompt.
             if (sib is not seq and len(sib.pages) >= k and sib.num_computed >= tokens
-                    and sib.num_compressions == 0):
+                    and (sib.num_compressions == 0 or self.keep_prompt)):
                 break
         else:
             return None

@@ -1,6 +1,7 @@
 """The n samples of a prompt prefill it once (engine.share_prompt_cache): the samples'
 tokens and log-probs are those of engines that prefill every sample, the prefill skips
-exactly the shared tokens, dense samples hold the prompt pages once, and no page leaks."""
+exactly the shared tokens, dense samples (and compressed ones under keep_prompt) hold the
+prompt pages once, and no page leaks."""
 from __future__ import annotations
 
 import pytest
@@ -16,6 +17,9 @@ COMPRESS = {
     "rkv": CompressConfig(algorithm="rkv", budget=24, window=4, divide_length=8),
     "snapkv": CompressConfig(algorithm="snapkv", budget=24, window=4, divide_length=8,
                              kernel_size=3),
+    # the prompt is never evicted: compaction writes past it, so its pages are held, not copied
+    "rkv_keep_prompt": CompressConfig(algorithm="rkv", budget=24, window=4, divide_length=8,
+                                      keep_prompt=True),
 }
 
 
@@ -45,9 +49,11 @@ def test_shared_prompts_give_the_samples_of_a_full_prefill(model, mode):
     shared = sum(2 * ((len(p) - max(window, 1)) // 4 * 4) for p in ps)
     assert on.shared_prompt_tokens == shared > 0 and off.shared_prompt_tokens == 0
     assert on.prefill_tokens + shared == off.prefill_tokens
-    if mode == "dense":  # the shared pages are held once
+    if mode in ("dense", "rkv_keep_prompt"):  # the shared pages are held once
         assert on.peak_pages_used < off.peak_pages_used
     else:
+        assert on.peak_pages_used == off.peak_pages_used  # each sample holds its own copy
+    if mode != "dense":
         assert on.compressions == off.compressions > 0
 
 
@@ -76,11 +82,12 @@ def test_greedy_samples_with_shared_pages_equal_hf_generate(qwen2):
         assert o.token_ids == hf_greedy(qwen2, ps[i // 2], 20)
 
 
-@pytest.mark.parametrize("mode", ["dense", "rkv"])
+@pytest.mark.parametrize("mode", ["dense", "rkv", "rkv_keep_prompt"])
 def test_shared_prompts_survive_preemption(qwen2, mode):
     """Dense samples equal a roomy pool's. A preempted compressed sample is recomputed from
     its tokens and compressed anew (it keeps other entries than it did), so those are
-    checked for completion only, as in test_preemption."""
+    checked for completion only, as in test_preemption; under keep_prompt a readmitted
+    sample may hold the prompt pages of a sibling that has been compacted."""
     ps = prompts(3, lo=12, hi=20, seed=5)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=40, seed=2, ignore_eos=True)
     engine = small_engine(qwen2, 26, compress=COMPRESS[mode], max_prefill_tokens=24)

@@ -146,6 +146,31 @@ def test_a_compacted_sibling_is_no_source():
     assert sched.schedule_prefill()[0] == [(b, 14)] and not sched.take_copies()
 
 
+def test_under_keep_prompt_a_compacted_sibling_lends_its_prompt_pages():
+    """Compaction packs past the prompt under keep_prompt, so a compacted sibling still
+    holds the prompt in order: a later sample holds its pages (no copy), and they outlive
+    the lender's compaction and its end."""
+    allocator = PageAllocator(num_pages=20, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="pages", window=4,
+                      budget=8, keep_prompt=True)
+    a, b = _siblings(sched, 14, 2)
+    chunks, _ = sched.schedule_prefill()
+    assert chunks == [(a, 14)]  # b waits: nothing of a's was computed yet
+    _prefilled(sched, chunks)
+    sched._grow(a, 26)  # a decodes 12 tokens: 26 entries on 7 pages
+    a.cache_len = a.num_computed = 26
+    sched.compacted([a])  # the prompt (14) + 8 kept: 22 entries on 6 pages
+    assert a.num_compressions == 1 and len(a.pages) == 6 and a.evicted_tokens == 4
+    chunks, _ = sched.schedule_prefill()
+    assert chunks == [(b, 6)] and not sched.take_copies()  # (14 - 4) // 4 = 2 pages held
+    assert b.pages[:2] == a.pages[:2]
+    assert [allocator.refs[p] for p in a.pages] == [2, 2, 1, 1, 1, 1]
+    sched.finish(a, "stop")
+    assert [allocator.refs[p] for p in b.pages[:2]] == [1, 1]
+    sched.finish(b, "stop")
+    assert allocator.num_free == 20 and not any(allocator.refs)
+
+
 def test_a_sibling_that_does_not_fit_gives_the_shared_pages_back():
     allocator = PageAllocator(num_pages=5, page_size=4)
     sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="pages")
