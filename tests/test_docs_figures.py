@@ -67,3 +67,9 @@ def test_the_step_pair_medians_are_the_records():
     assert ratio.startswith("median of 5 pairs: dense / compressed 1.15x a step (0.96-1.30x), "
                             "1.22x a rollout")
     assert "1.15x a step (median of five pairs; 0.96-1.30x), 1.22x a\nrollout" in BENCHMARKS
+
+
+def test_the_benchmarks_after_training_are_printed_verbatim():
+    final = RUNS / "final"
+    table = evals.compare_folders({"dense": final / "dense_seed2", "rkv": final / "rkv_seed2"})
+    assert table in RESULTS
