@@ -21,8 +21,8 @@ COLUMNS = (  # header, metric, format
     ("step, s", "time/step_s", "{:.1f}"),
     ("rollout, s", "time/rollout_s", "{:.1f}"),
     ("rollout tokens/s", "perf/rollout_tokens_per_s", "{:,.0f}"),
-    ("response tokens, mean", "rollout/response_len_mean", "{:.0f}"),
-    ("cached tokens a sequence, peak mean", "compress/peak_cache_tokens_mean", "{:.0f}"),
+    ("response tokens, mean", "rollout/response_len_mean", "{:,.0f}"),
+    ("cached tokens a sequence, peak mean", "compress/peak_cache_tokens_mean", "{:,.0f}"),
     ("KV held at once, peak", "perf/peak_kv_tokens", "{:,.0f}"),
     ("compressed-token share", "compress/compressed_token_frac", "{:.2f}"),
 )

@@ -54,15 +54,26 @@ def test_the_paired_differences_are_the_kept_samples():
         assert printed == doc
 
 
+def _pair_table(*names: str) -> str:
+    pairs = [str(RUNS / "pair" / name) for name in names]
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "pair_table.py"), *pairs],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def _same_cells(printed: str, doc: str) -> None:
+    mine = _cells(printed)[2:]
+    assert [c.removesuffix(" s") for c in _cells(doc)[2:]] == [
+        c if c != "0.00" else "0" for c in mine]
+
+
 def test_the_step_pair_medians_are_the_records():
-    pairs = [str(RUNS / "pair" / f"h200_real_{i}") for i in range(1, 6)]
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "pair_table.py"), *pairs],
-                         capture_output=True, text=True, check=True).stdout
+    out = _pair_table(*(f"h200_real_{i}" for i in range(1, 6)))
     for run, label in (("compressed", "| R-KV | real, median of 5"),
                        ("dense", "| dense | real, median of 5")):
-        mine = _cells(_doc_row(out, f"| median of 5 | {run}"))[2:]
-        doc = [c.removesuffix(" s") for c in _cells(_doc_row(BENCHMARKS, label))[2:]]
-        assert doc == [c if c != "0.00" else "0" for c in mine]
+        _same_cells(_doc_row(out, f"| median of 5 | {run}"), _doc_row(BENCHMARKS, label))
+    random = _pair_table("h200_random")
+    for run, label in (("compressed", "| R-KV | random"), ("dense", "| dense | random")):
+        _same_cells(_doc_row(random, f"| h200_random | {run}"), _doc_row(BENCHMARKS, label))
     ratio = out.splitlines()[-1]
     assert ratio.startswith("median of 5 pairs: dense / compressed 1.15x a step (0.96-1.30x), "
                             "1.22x a rollout")
