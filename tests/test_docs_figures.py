@@ -1,6 +1,7 @@
 """The real-model figures of docs/results.md and docs/benchmarks.md are what their commands
 print from the records in docs/runs/real/: an edit to a table, or to the code that prints
 it, that lets the two drift apart fails here."""
+import json
 import re
 import subprocess
 import sys
@@ -84,3 +85,14 @@ def test_the_benchmarks_after_training_are_printed_verbatim():
     final = RUNS / "final"
     table = evals.compare_folders({"dense": final / "dense_seed2", "rkv": final / "rkv_seed2"})
     assert table in RESULTS
+
+
+def test_the_base_models_figures_are_their_records():
+    """Every score of docs/runs/real/base/JOB.json (eval.py's summaries) is in the table
+    of the base models, as eval.py prints it."""
+    from minisparse.evaluation.scores import percent_with_interval
+
+    table = RESULTS[RESULTS.index("### Why this model"):RESULTS.index("### Commands")]
+    for path in sorted((RUNS / "base").glob("*.json")):
+        for name, m in json.loads(path.read_text())["benchmarks"].items():
+            assert f"{percent_with_interval(m, '±')}%" in table, (path.name, name)
