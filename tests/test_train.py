@@ -60,8 +60,9 @@ REQUIRED_KEYS = [
     "perf/logprobs_tflops",
     "perf/update_tflops",
 ]
-VOLATILE = ("time/", "mem/", "perf/rollout_tokens_per_s", "perf/logprobs_", "perf/update_",
-            "reward/grade_s")
+VOLATILE = ("time/", "mem/", "perf/rollout_tokens_per_s", "perf/rollout_prefill_s",
+            "perf/rollout_decode_s", "perf/rollout_compress_s", "perf/logprobs_",
+            "perf/update_", "reward/grade_s")
 
 
 def _free_port() -> str:

@@ -105,14 +105,22 @@ def take_samples(batches: list[RolloutBatch], picks: list[tuple[int, int]]) -> R
 
 def generate_metrics(stats: list) -> dict[str, float]:
     """perf/* of the engine's generate calls of one rollout (several with dynamic
-    sampling): tokens and preemptions summed, throughput over their summed time."""
+    sampling): tokens and preemptions summed, throughput over their summed time; the
+    device time of prefill, decode and compaction summed, so a compressed run's records
+    say what its compression costs (the rest of the rollout's wall time waited on the
+    host); the pages held at once, which prompt sharing lowers where token counts do
+    not see it."""
     tokens = sum(s.generated_tokens for s in stats)
     wall = sum(s.wall_s for s in stats)
     return {
         "perf/rollout_tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "perf/rollout_tokens": float(tokens),
         "perf/peak_kv_tokens": float(max(s.peak_kv_tokens for s in stats)),
+        "perf/peak_kv_pages": float(max(s.peak_pages_used for s in stats)),
         "perf/preemptions": float(sum(s.preemptions for s in stats)),
+        "perf/rollout_prefill_s": sum(s.prefill_s for s in stats),
+        "perf/rollout_decode_s": sum(s.decode_s for s in stats),
+        "perf/rollout_compress_s": sum(s.compress_s for s in stats),
     }
 
 

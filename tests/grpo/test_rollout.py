@@ -1,9 +1,12 @@
-"""score_batch: rewards from the grader, with the processes and limit the config asks for."""
+"""score_batch: rewards from the grader, with the processes and limit the config asks for;
+the rollout's metrics from the batch and from the engine's generate calls."""
 import pytest
 import torch
 
 from minisparse.config.schema import RewardConfig
-from minisparse.grpo.rollout import RolloutBatch, overlong_penalty, rollout_metrics, score_batch
+from minisparse.engine.sequence import GenerateStats
+from minisparse.grpo.rollout import (RolloutBatch, generate_metrics, overlong_penalty,
+                                    rollout_metrics, score_batch)
 
 
 class CharTokenizer:
@@ -80,3 +83,18 @@ def test_without_a_buffer_rewards_are_the_grades():
     assert batch.rewards.tolist() == [1.0] and "overlong_penalty_mean" not in stats
     with pytest.raises(ValueError, match="max_response_len"):
         score_batch(batch, CharTokenizer(), RewardConfig(overlong_buffer=4))
+
+
+def test_generate_metrics_sum_the_calls_of_a_rollout():
+    """Two generate calls (dynamic sampling): tokens, preemptions and phase times summed,
+    throughput over the summed wall time, peaks the larger one's."""
+    calls = [GenerateStats(generated_tokens=300, wall_s=2.0, peak_kv_tokens=900,
+                           peak_pages_used=60, preemptions=1, prefill_s=0.25, decode_s=1.0,
+                           compress_s=0.5),
+             GenerateStats(generated_tokens=100, wall_s=2.0, peak_kv_tokens=400,
+                           peak_pages_used=70, prefill_s=0.25, decode_s=0.5, compress_s=0.25)]
+    assert generate_metrics(calls) == {
+        "perf/rollout_tokens_per_s": 100.0, "perf/rollout_tokens": 400.0,
+        "perf/peak_kv_tokens": 900.0, "perf/peak_kv_pages": 70.0, "perf/preemptions": 1.0,
+        "perf/rollout_prefill_s": 0.5, "perf/rollout_decode_s": 1.5,
+        "perf/rollout_compress_s": 0.75}
