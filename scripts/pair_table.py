@@ -11,10 +11,14 @@ of a real model is one draw, and docs/benchmarks.md reports medians.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from minisparse.plot.curves import PlotError, read_metrics  # noqa: E402
 
 RUNS = ("sparse", "dense")
 COLUMNS = (  # header, metric, format
@@ -30,10 +34,10 @@ COLUMNS = (  # header, metric, format
 
 def read_rollout(run: Path, rollout: int | None) -> dict | None:
     """The metrics row of `rollout` (default: the last) of one run, None when not there."""
-    path = run / "metrics.jsonl"
-    if not path.exists():
+    try:
+        rows = read_metrics(run)
+    except PlotError:  # no metrics.jsonl: the run has not finished a rollout
         return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if rollout is not None:
         rows = [row for row in rows if row.get("rollout") == rollout]
     return rows[-1] if rows else None
