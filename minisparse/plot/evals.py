@@ -132,6 +132,8 @@ def evals_table(folders: dict[str, dict[str, dict]],
 def compare_folders(folders: dict[str, str | Path]) -> str:
     """The table of eval.py folders (column name -> folder), differences included."""
     results = {name: read_results(folder) for name, folder in folders.items()}
+    if len(folders) < 2:  # no difference to take: leave the samples unread
+        return evals_table(results)
     per_problem = {name: {bench: read_per_problem(folders[name], bench) for bench in found}
                    for name, found in results.items()}
     return evals_table(results, per_problem)
