@@ -27,10 +27,13 @@ class Tok:
         return {}
 
 
-def build(arch: str, dtype=torch.float32, device="cpu") -> torch.nn.Module:
+def build(arch: str, dtype=torch.float32, device="cpu", **shape) -> torch.nn.Module:
+    """shape: overrides of SHAPE (e.g. 6 query heads: the Qwen2.5-1.5B's head counts are
+    not powers of two)."""
     torch.manual_seed(0)
+    shape = SHAPE | shape
     if arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **SHAPE))
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **shape))
         for layer in model.model.layers:  # non-zero qkv biases so they matter
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 torch.nn.init.normal_(proj.bias, std=0.5)
@@ -38,7 +41,7 @@ def build(arch: str, dtype=torch.float32, device="cpu") -> torch.nn.Module:
         rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                     high_freq_factor=4.0, original_max_position_embeddings=64)
         model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, head_dim=16,
-                                             rope_parameters=rope, **SHAPE))
+                                             rope_parameters=rope, **shape))
     model.generation_config.eos_token_id = None
     return model.to(device=device, dtype=dtype).eval()
 

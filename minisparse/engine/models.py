@@ -154,7 +154,7 @@ class CausalLM:
 
     def _use_kernels(self, h: torch.Tensor) -> bool:
         """The Triton path needs fused_kernels on, CUDA, the fused weights, SiLU and
-        power-of-two heads."""
+        a power-of-two head_dim."""
         ops = fused_ops(h) if self.fused_kernels and self.fused else None
         if ops is None:
             return False

@@ -89,9 +89,12 @@ def test_split_k_partials_summed_by_add_rms_norm(ops, device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_and_cache_write(ops, device, dtype):
+@pytest.mark.parametrize("HQ,HKV", [(4, 2), (6, 2), (6, 3)])
+def test_rope_and_cache_write(ops, device, dtype, HQ, HKV):
+    """Any head counts: the kernel pads them to powers of two and masks the padding (the
+    NaN-filled cache shows a stray write, the q written is compared whole)."""
     g = torch.Generator().manual_seed(2)
-    T, HQ, HKV, D, S = 6, 4, 2, 16, 20
+    T, D, S = 6, 16, 20
     qkv = torch.randn(T, (HQ + 2 * HKV) * D, generator=g).to(device, dtype)
     ang = torch.rand(T, 1, D, generator=g) * 6
     cos, sin = ang.cos().to(device, dtype), ang.sin().to(device, dtype)
@@ -142,7 +145,10 @@ def test_silu_mul(ops, device, dtype):
 
 
 def test_rope_supported(ops):
-    assert ops.rope_supported(16, 2, 128) and not ops.rope_supported(12, 2, 128)
+    """Head counts of every supported shape (12 and 28 query heads too); head_dim must be
+    a power of two."""
+    assert ops.rope_supported(16, 2, 128) and ops.rope_supported(12, 2, 128)
+    assert ops.rope_supported(28, 4, 128) and not ops.rope_supported(16, 2, 96)
 
 
 @pytest.mark.parametrize("switch", [True, False])
@@ -157,17 +163,21 @@ def test_fused_kernels_switch_picks_the_forward(ops, monkeypatch, qwen2, switch)
     assert engine.lm.fused_kernels is switch and engine.lm._use_kernels(h) is switch
 
 
-@pytest.mark.parametrize("fused_decode,split_down", [(False, False), (True, False),
-                                                     (True, True)])
+@pytest.mark.parametrize("fused_decode,split_down,heads", [(False, False, 4), (True, False, 4),
+                                                           (True, True, 4), (True, False, 6)])
 def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused_decode,
-                                                  split_down):
+                                                  split_down, heads):
     """The whole engine on the kernel path (interpreted) vs the reference path: same greedy
     tokens, log-probs equal to float32 rounding, dense and with the query ring (R-KV).
     fused_decode: decode steps run RoPE + cache write + attention as one kernel (as on
     CUDA), else RoPE + cache write, then the PyTorch decode attention (as on CPU).
     split_down: the down projection runs as split_k_linear's partials (the tiny model's
-    is too shallow to be split under the GPU's rule, so the rule's depth is lowered)."""
+    is too shallow to be split under the GPU's rule, so the rule's depth is lowered).
+    heads: query heads (6: not a power of two, as the Qwen2.5-1.5B's 12)."""
     from minisparse.config.schema import CompressConfig
+
+    if heads != 4:
+        qwen2 = build("qwen2", hidden_size=16 * heads, num_attention_heads=heads)
 
     ps = prompts(2, lo=4, hi=12)
     params = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)

@@ -133,11 +133,12 @@ def rotate_rows(base, rows, d, cos, sin, mask, D: tl.constexpr, DT: tl.constexpr
 
 @triton.jit
 def _rope_kernel(QKV, COS, SIN, Q_OUT, K_CACHE, V_CACHE, SLOTS, RING, RING_ROWS, stride_t,
-                 stride_slot, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                 HAS_RING: tl.constexpr):
+                 stride_slot, HQ: tl.constexpr, HKV: tl.constexpr, HQ_PAD: tl.constexpr,
+                 HKV_PAD: tl.constexpr, D: tl.constexpr, HAS_RING: tl.constexpr):
     """One program per token: rotate its HQ query heads into Q_OUT (and into its query-ring
     row when it has one, RING_ROWS[t] >= 0), its HKV key heads into the cache slot, and
-    copy its value heads there."""
+    copy its value heads there. Head counts are padded to powers of two (HQ_PAD, HKV_PAD:
+    Triton's ranges) and masked, so 12 or 28 query heads (Qwen2.5-1.5B, 7B) run here too."""
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, D)
     cos = tl.load(COS + t * D + d).to(tl.float32)
@@ -145,18 +146,20 @@ def _rope_kernel(QKV, COS, SIN, Q_OUT, K_CACHE, V_CACHE, SLOTS, RING, RING_ROWS,
     dt = Q_OUT.dtype.element_ty
     base = QKV + t * stride_t
     slot = tl.load(SLOTS + t).to(tl.int64)
-    hq = tl.arange(0, HQ)
-    q = rotate_rows(base, hq, d, cos, sin, (hq >= 0)[:, None], D, dt)
-    tl.store(Q_OUT + t * HQ * D + hq[:, None] * D + d[None, :], q)
+    hq = tl.arange(0, HQ_PAD)
+    qmask = (hq < HQ)[:, None]
+    q = rotate_rows(base, hq, d, cos, sin, qmask, D, dt)
+    tl.store(Q_OUT + t * HQ * D + hq[:, None] * D + d[None, :], q, mask=qmask)
     if HAS_RING:
         ring_row = tl.load(RING_ROWS + t)
         if ring_row >= 0:
-            tl.store(RING + ring_row * HQ * D + hq[:, None] * D + d[None, :], q)
-    hk = tl.arange(0, HKV)
-    k = rotate_rows(base, HQ + hk, d, cos, sin, (hk >= 0)[:, None], D, dt)
-    tl.store(K_CACHE + slot * stride_slot + hk[:, None] * D + d[None, :], k)
-    v = tl.load(base + (HQ + HKV) * D + hk[:, None] * D + d[None, :])
-    tl.store(V_CACHE + slot * stride_slot + hk[:, None] * D + d[None, :], v)
+            tl.store(RING + ring_row * HQ * D + hq[:, None] * D + d[None, :], q, mask=qmask)
+    hk = tl.arange(0, HKV_PAD)
+    kmask = (hk < HKV)[:, None]
+    k = rotate_rows(base, HQ + hk, d, cos, sin, kmask, D, dt)
+    tl.store(K_CACHE + slot * stride_slot + hk[:, None] * D + d[None, :], k, mask=kmask)
+    v = tl.load(base + (HQ + HKV) * D + hk[:, None] * D + d[None, :], mask=kmask, other=0.0)
+    tl.store(V_CACHE + slot * stride_slot + hk[:, None] * D + d[None, :], v, mask=kmask)
 
 
 def rope_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
@@ -167,7 +170,7 @@ def rope_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot
     slots. Writes rotated K and V into k/v_cache [S, HKV, D] at slots, returns rotated
     q [T, HQ, D]. With ring [R, HQ, D] (contiguous) and ring_rows [T], also writes token
     t's rotated q into ring row ring_rows[t] where that is >= 0 (compression's query
-    ring, otherwise an index_put per layer). Head counts must be powers of two."""
+    ring, otherwise an index_put per layer). head_dim must be a power of two."""
     T = qkv.shape[0]
     D = cos.shape[-1]
     q = torch.empty(T, num_heads, D, dtype=qkv.dtype, device=qkv.device)
@@ -178,13 +181,17 @@ def rope_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot
         _rope_kernel[(T,)](qkv, cos, sin, q, k_cache, v_cache, slots,
                            ring if has_ring else q, ring_rows if has_ring else slots,
                            qkv.stride(0), k_cache.stride(0), HQ=num_heads, HKV=num_kv_heads,
-                           D=D, HAS_RING=has_ring, num_warps=4)
+                           HQ_PAD=triton.next_power_of_2(num_heads),
+                           HKV_PAD=triton.next_power_of_2(num_kv_heads), D=D,
+                           HAS_RING=has_ring, num_warps=4)
     return q
 
 
 def rope_supported(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    pow2 = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
-    return pow2(num_heads) and pow2(num_kv_heads) and pow2(head_dim)
+    """Whether the RoPE kernels take these heads: any head counts (padded to powers of two
+    inside), a power-of-two head_dim (Triton's ranges over D) that divides evenly in two."""
+    return num_heads > 0 and num_kv_heads > 0 and head_dim >= 2 and \
+        head_dim & (head_dim - 1) == 0
 
 
 @triton.jit
