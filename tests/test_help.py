@@ -7,11 +7,13 @@ import eval as eval_cli
 import train
 from minisparse import download
 from minisparse.plot import curves
+from minisparse.bench import profile as bench_profile
 from minisparse.bench import run as bench
 
 PARSERS = {"train.py": train.build_parser, "eval.py": eval_cli.build_parser,
            "minisparse.plot": curves.build_parser, "minisparse.download": download.build_parser,
-           "minisparse.bench": bench.build_parser}
+           "minisparse.bench": bench.build_parser,
+           "minisparse.bench.profile": bench_profile.build_parser}
 
 
 def _undocumented(parser: argparse.ArgumentParser) -> list[str]:

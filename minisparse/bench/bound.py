@@ -50,7 +50,7 @@ def copy_bandwidth(device: torch.device | str, gib: float = 2.0, repeats: int = 
     n = int(gib * (1 << 30)) // 4
     src = torch.rand(n, device=device)
     dst = torch.empty_like(src)
-    seconds = _median_seconds(lambda: dst.copy_(src), repeats)
+    seconds = median_seconds(lambda: dst.copy_(src), repeats)
     del src, dst
     return 2 * n * 4 / seconds
 
@@ -62,7 +62,7 @@ def matmul_throughput(device: torch.device | str, size: int = 8192, repeats: int
     device = _cuda(device, "matmul_throughput")
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    return 2 * size ** 3 / _median_seconds(lambda: a @ b, repeats)
+    return 2 * size ** 3 / median_seconds(lambda: a @ b, repeats)
 
 
 def _cuda(device: torch.device | str, what: str) -> torch.device:
@@ -72,7 +72,7 @@ def _cuda(device: torch.device | str, what: str) -> torch.device:
     return device
 
 
-def _median_seconds(fn, repeats: int, warmup: int = 3) -> float:
+def median_seconds(fn, repeats: int, warmup: int = 3) -> float:
     """Median CUDA-event time of fn() over `repeats` calls after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()

@@ -1,0 +1,53 @@
+"""The decode-step profile's host side: kernels sorted into the parts of a step, caches
+laid out for the timed step, and the one-line refusal without a GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_helpers import build, make_engine
+from minisparse.bench import profile
+
+
+@pytest.mark.parametrize("kernel,kind", [
+    ("nvjet_sm90_tst_192x16_64x8_4x1_v_bz_TNT", "GEMM"),
+    ("_split_kernel", "attention"),
+    ("_add_rms_kernel", "RMSNorm"),
+    ("_norms_sums_kernel", "redundancy"),  # "norms" holds "rms": not the RMSNorm
+    ("_silu_mul_kernel", "SiLU*up"),
+    ("_partial_kernel", "sampler"),
+    ("void at::native::radixSortKVInPlace<2, -1, 32, 32, short, long>", "top-k and sort"),
+    ("void at::native::vectorized_gather_kernel<16, long>", "gather/scatter"),
+    ("something_new", "other"),
+])
+def test_kernels_are_sorted_into_the_parts_of_a_step(kernel, kind):
+    assert profile.kind_of(kernel) == kind
+
+
+def test_parts_sum_their_kernels_largest_first():
+    rows = [dict(kind="GEMM", us=3.0), dict(kind="attention", us=4.0),
+            dict(kind="GEMM", us=2.5)]
+    assert list(profile.by_kind(rows).items()) == [("GEMM", 5.5), ("attention", 4.0)]
+
+
+def test_caches_fill_spread_out_pages_with_random_entries():
+    engine = make_engine(build("qwen2"), page_size=4)
+    pool = engine.pool
+    rows = profile.fill_caches(engine, batch=3, length=10)
+    assert rows.tolist() == [0, 1, 2]
+    pages = pool.page_table[:3, :3]  # 10 entries: 3 pages each, every other page
+    assert pages.tolist() == [[0, 2, 4], [6, 8, 10], [12, 14, 16]]
+    used = pool.slots(rows, 10)
+    assert bool(pool.k[:, used].abs().sum(-1).gt(0).all())
+
+
+def test_too_many_caches_for_the_pool_is_one_line():
+    engine = make_engine(build("qwen2"), page_size=4)
+    with pytest.raises(SystemExit, match="need .* pages spread out; the pool has"):
+        profile.fill_caches(engine, batch=16, length=4096)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for CPU-only machines")
+def test_without_a_gpu_the_profile_says_so():
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        profile.main(["--model", "tiny"])
