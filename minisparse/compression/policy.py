@@ -190,10 +190,10 @@ class ScoringRule:
         scores = scores.masked_fill(~older, float("-inf"))
         if self.cfg.selection == "per_layer":
             scores = scores.sum(dim=1, keepdim=True)
-        top = scores.topk(self.budget - self.window, dim=-1).indices.expand(rows, h_kv, -1)
+        top = scores.topk(self.budget - self.window, dim=-1, sorted=False).indices
         recent = torch.arange(self.window, device=keys.device) - self.window
         recent = (lengths[:, None] + recent).unsqueeze(1).expand(rows, h_kv, -1)
-        return torch.cat([top, recent], dim=-1).sort(dim=-1).values
+        return ascending(torch.cat([top.expand(rows, h_kv, -1), recent], dim=-1), lmax)
 
     def _scores(self, keys: torch.Tensor, queries: torch.Tensor | None,
                 lengths: torch.Tensor) -> torch.Tensor:
@@ -303,6 +303,15 @@ def _setting(spec: str) -> str:
 def build_policy(cfg: CompressConfig) -> ScoringRule | None:
     """The rule a config asks for; None when algorithm is "none" (dense rollouts)."""
     return None if cfg.algorithm == "none" else rule_class(cfg.algorithm)(cfg)
+
+
+def ascending(positions: torch.Tensor, lmax: int) -> torch.Tensor:
+    """positions (< lmax) sorted along the last axis, as int64. Sorted as the narrowest
+    integer that holds lmax: a radix sort's passes scale with the key's bytes, and the
+    int64 sort of a 256-sequence compaction of the 1.5B took 0.55 ms of its 6.5. (The
+    top-k before it is unsorted for the same reason: its order is thrown away here.)"""
+    narrow = torch.int16 if lmax <= torch.iinfo(torch.int16).max else torch.int32
+    return positions.to(narrow).sort(dim=-1).values.long()
 
 
 def _unsqueeze(queries: torch.Tensor | None) -> torch.Tensor | None:

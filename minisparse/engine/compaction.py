@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.engine.kv_pool import KVPool
+from minisparse.engine.kv_pool import KVPool, word_rows
 from minisparse.utils.kernels import triton_module
 
 _GATHER_BYTES = 1 << 30  # cap on the gathered keys per group of sequences
@@ -56,8 +56,8 @@ def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
     keys = keys.view(s * n_layers, h_kv, lmax, d)
     queries = None  # rules that score without queries get none (and have no ring)
     if policy.uses_queries:
-        queries = pool.ring_queries(rows, next_pos)  # [layers, s, W, H_q, D]
-        queries = queries.permute(1, 0, 3, 2, 4).reshape(s * n_layers, -1, pool.window, d)
+        queries = pool.ring_queries(rows, next_pos)  # [s, layers, H_q, W, D]
+        queries = queries.view(s * n_layers, -1, pool.window, d)
     keep = policy.select_batch(keys, queries, lens.repeat_interleave(n_layers),
                                protected=protected.repeat_interleave(n_layers))
     del keys, queries
@@ -81,7 +81,7 @@ def _pack(pool: KVPool, rows: torch.Tensor, keep: torch.Tensor,
     src = _flat_rows(pool, rows[None, :, None, None], keep)
     dst = _flat_rows(pool, rows[None, :, None, None], entries.expand_as(keep))
     for cache in (pool.k, pool.v):
-        flat = _rows(cache)
+        flat = word_rows(cache)
         flat.index_copy_(0, dst.flatten(), flat.index_select(0, src.flatten()))
 
 
@@ -96,7 +96,7 @@ def _gather_keys(pool: KVPool, rows: torch.Tensor, lmax: int) -> torch.Tensor:
     index = _flat_rows(pool, rows[None, :, None, None],
                        entries.expand(n_layers, rows.shape[0], lmax, h_kv))
     index = index.permute(1, 0, 3, 2).reshape(-1)  # [s, layers, H_kv, lmax]
-    keys = _rows(pool.k).index_select(0, index)
+    keys = word_rows(pool.k).index_select(0, index)
     return keys.view(pool.k.dtype).view(rows.shape[0], n_layers, h_kv, lmax, d)
 
 
@@ -108,15 +108,3 @@ def _flat_rows(pool: KVPool, rows: torch.Tensor, entries: torch.Tensor) -> torch
     layer = torch.arange(n_layers, device=pool.device)[:, None, None, None]
     head = torch.arange(h_kv, device=pool.device)
     return (layer * slots + slot) * h_kv + head
-
-
-def _rows(cache: torch.Tensor) -> torch.Tensor:
-    """The cache as one row per (layer, slot, head) of its D values, read as the widest
-    integers that divide them (int64 for 128 bf16 values: 4x fewer elements for the copy
-    kernels to index)."""
-    row = cache.shape[-1] * cache.element_size()
-    for dtype in (torch.int64, torch.int32, torch.int16):
-        if row % dtype.itemsize == 0 and cache.element_size() <= dtype.itemsize:
-            cache = cache.view(dtype)
-            break
-    return cache.view(-1, cache.shape[-1])

@@ -201,10 +201,10 @@ def test_compaction_keeps_what_select_picks_from_each_rows_own_keys(qwen2, monke
         for row, n, pos, first in zip(rows, lens, next_pos, protected):
             q = None
             if policy.uses_queries:
-                q = pool.ring_queries(torch.tensor([row]), torch.tensor([pos]))[:, 0]
+                q = pool.ring_queries(torch.tensor([row]), torch.tensor([pos]))[0]
             for layer in range(pool.k.shape[0]):
                 keys, values = read_cache(pool, layer, row, n)
-                keep = policy.select(keys, None if q is None else q[layer].transpose(0, 1),
+                keep = policy.select(keys, None if q is None else q[layer],
                                      first)
                 assert keep.shape[1] == first + policy.budget
                 keep = keep[..., None]

@@ -71,10 +71,10 @@ def capture(monkeypatch) -> list[Compaction]:
         assert protected is None  # keep_prompt off
         before = {}
         for row, n, pos in zip(rows, lens, next_pos):
-            q = pool.ring_queries(torch.tensor([row]), torch.tensor([pos]))[:, 0]
+            q = pool.ring_queries(torch.tensor([row]), torch.tensor([pos]))[0]
             for layer in range(pool.k.shape[0]):
                 k, v = read_cache(pool, layer, row, n)
-                before[row, layer] = k.clone(), v.clone(), q[layer].transpose(0, 1).clone()
+                before[row, layer] = k.clone(), v.clone(), q[layer].clone()
         real(pool, policy, rows, lens, next_pos, protected)
         for (row, layer), (k, v, q) in before.items():
             after = torch.cat(read_cache(pool, layer, row, policy.budget), dim=-1)
