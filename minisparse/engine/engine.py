@@ -125,7 +125,7 @@ class LLMEngine:
         sched = Scheduler(allocator, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens,
                           self._share_mode(), self.pool.window,
                           self.policy.budget if self.policy is not None else 0,
-                          self.compress.keep_prompt)
+                          self.compress.keep_prompt, self._cache_bound())
         seqs = self._sequences(prompt_token_ids, params)
         for seq in seqs:
             if seq.finish_reason is None:
@@ -162,6 +162,14 @@ class LLMEngine:
                     seq.finish_reason = "abort"
                 seqs.append(seq)
         return seqs
+
+    def _cache_bound(self):
+        """Prompt length -> the most entries a compressed cache holds (the scheduler's
+        admission bound); None when dense."""
+        if self.policy is None:
+            return None
+        compress = self.compress
+        return lambda prompt_len: max_cache_tokens(compress, prompt_len)
 
     def _share_mode(self) -> str:
         """How the samples of a prompt share its prefill (Scheduler): the same pages when
