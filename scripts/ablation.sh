@@ -29,6 +29,9 @@
 #   bash scripts/ablation.sh --seeds "1 2 3" --variants "dense rkv" --rollouts 60
 #   bash scripts/ablation.sh --family coder1.5b --seeds 1 --variants "dense rkv_naive rkv rkv_geo" \
 #       --rollouts 30 --kv-gb 0 --micro-tokens 16384       # one run on each of 4 GPUs
+#   bash scripts/ablation.sh --family coder1.5b --seeds 1 --variants "dense rkv_naive rkv snapkv" \
+#       --rollouts 100 --eval-every 20 --kv-gb 0 --micro-tokens 16384 --train-s 480 \
+#       --records docs/runs/real/100_rollouts   # the paper's length; again until every run ends
 #   bash scripts/ablation.sh --dry-run                        # the train.py commands only
 #
 # Options (or the environment variable in capitals; default in brackets):
@@ -44,6 +47,9 @@
 #                                  of the free GPU memory [1]
 #   --micro-tokens N   MICRO_TOKENS  max_tokens_per_gpu of every run [2048]
 #   --pack FILE        PACK        on exit, a .tgz of ROOT without checkpoints and TensorBoard
+#   --records DIR      RECORDS     on exit, each run's records in DIR/VARIANT_seedN: metrics
+#                                  and graded samples cut to what pairing needs
+#                                  (scripts/keep_records.py; docs/runs/real/ was kept so)
 #   --port N           PORT        first MASTER_PORT; run i takes PORT + i [29600]
 #   --gpus LIST        GPU_LIST    the GPUs the runs go on, e.g. "2 3" [every GPU]
 #   --dry-run                      print each run's command and exit
@@ -66,6 +72,7 @@ ROOT=${ROOT:-outputs/ablation}
 KV_GB=${KV_GB:-1}
 MICRO_TOKENS=${MICRO_TOKENS:-2048}  # small micro-batches: a dozen runs' activations on one GPU
 PACK=${PACK:-}
+RECORDS=${RECORDS:-}
 PORT=${PORT:-29600}
 BASE=${BASE:-}
 DRY=0
@@ -82,6 +89,7 @@ while [ $# -gt 0 ]; do
         --kv-gb) KV_GB=$2; shift ;;
         --micro-tokens) MICRO_TOKENS=$2; shift ;;
         --pack) PACK=$2; shift ;;
+        --records) RECORDS=$2; shift ;;
         --port) PORT=$2; shift ;;
         --gpus) GPU_LIST=$2; shift ;;
         --dry-run) DRY=1 ;;
@@ -147,7 +155,17 @@ RUNS=$(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$VARIANTS") ))
 THREADS=$(( $(nproc) / RUNS ))
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( THREADS > 0 ? THREADS : 1 ))}
 mkdir -p "$ROOT"
-[ -n "$PACK" ] && trap 'tar czf "$PACK" --exclude=checkpoints --exclude=tensorboard "$ROOT"' EXIT
+on_exit() {  # what leaves the machine: the pack, the records
+    [ -n "$PACK" ] && tar czf "$PACK" --exclude=checkpoints --exclude=tensorboard "$ROOT"
+    local run runs=()
+    for run in "${NAMES[@]}"; do [ -d "$ROOT/$run" ] && runs+=("$ROOT/$run"); done
+    [ -n "$RECORDS" ] && [ ${#runs[@]} -gt 0 ] && python3 scripts/keep_records.py "${runs[@]}" \
+        --out "$RECORDS"
+    return 0
+}
+NAMES=()
+for seed in $SEEDS; do for v in $VARIANTS; do NAMES+=("${v}_seed$seed"); done; done
+[ $DRY = 0 ] && trap on_exit EXIT
 
 finished() { [ -f "$ROOT/$1/checkpoints/rollout_$(printf %06d "$ROLLOUTS")/COMPLETE" ]; }
 
@@ -189,8 +207,6 @@ done
 wait
 [ $DRY = 1 ] && exit 0
 runs=()
-for seed in $SEEDS; do for v in $VARIANTS; do
-    [ -f "$ROOT/${v}_seed$seed/metrics.jsonl" ] && runs+=("$ROOT/${v}_seed$seed")
-done; done
+for name in "${NAMES[@]}"; do [ -f "$ROOT/$name/metrics.jsonl" ] && runs+=("$ROOT/$name"); done
 [ ${#runs[@]} -gt 0 ] && python -m minisparse.plot "${runs[@]}" --group --table \
     --out "$ROOT/ablation.png" | tee "$ROOT/results.md"

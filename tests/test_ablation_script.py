@@ -1,5 +1,6 @@
 """scripts/ablation.sh without a GPU: its options, the runs it would start
 (--dry-run) and the errors it gives; the runs themselves are train.py's (tests/test_train.py)."""
+import json
 import os
 import subprocess
 import tarfile
@@ -18,8 +19,8 @@ def test_help_names_every_option():
     res = _run("--help")
     assert res.returncode == 0
     for option in ("--seeds", "--variants", "--rollouts", "--eval-every", "--train-s",
-                   "--grace-s", "--root", "--kv-gb", "--micro-tokens", "--pack", "--port",
-                   "--dry-run"):
+                   "--grace-s", "--root", "--kv-gb", "--micro-tokens", "--pack", "--records",
+                   "--port", "--dry-run"):
         assert option in res.stdout
 
 
@@ -41,6 +42,26 @@ def test_dry_run_starts_every_seed_of_every_variant_on_its_own_port(tmp_path):
     assert "--config smollm2_rkv --set loss.use_tis=false" in lines[1]
     assert "--config smollm2_rkv --set compress.keep_prompt=true" in lines[2]
     assert "seed=2" in lines[5]
+
+
+def test_the_papers_length_on_the_real_model_is_one_command(tmp_path):
+    """The 100-rollout ablation of docs/results.md: dense, naive R-KV, R-KV and SnapKV of
+    the coder1.5b family at seed 1, MATH500 every 20 rollouts, saved as often, so the
+    same command resumes it stretch after stretch."""
+    res = _run("--dry-run", "--family", "coder1.5b", "--seeds", "1", "--variants",
+               "dense rkv_naive rkv snapkv", "--rollouts", "100", "--eval-every", "20",
+               "--kv-gb", "0", "--micro-tokens", "16384", "--train-s", "480",
+               "--records", str(tmp_path / "records"), "--root", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    configs = [line.split("--config ")[1].split()[0] for line in lines]
+    assert configs == ["coder1.5b_dense", "coder1.5b_rkv", "coder1.5b_rkv", "coder1.5b_snapkv"]
+    assert "--set loss.use_tis=false" in lines[1] and "use_tis" not in lines[2]
+    for line in lines:
+        assert "--set seed=1 --set num_rollout=100 --set eval_interval=20" in line
+        assert "--set save_interval=20 " in line and "kv_memory_gb" not in line
+        assert "--set max_tokens_per_gpu=16384 " in line
+    assert not (tmp_path / "records").exists()  # a dry run writes nothing
 
 
 def test_environment_sets_what_flags_set(tmp_path):
@@ -79,7 +100,7 @@ def test_runs_score_themselves_and_a_second_command_skips_the_finished(tmp_path,
            "MINISPARSE_CACHE": os.environ["MINISPARSE_CACHE"]}
     args = ["--seeds", "1", "--variants", "dense,rkv_keep_prompt", "--rollouts", "2",
             "--eval-every", "1", "--root", str(tmp_path / "abl"), "--pack",
-            str(tmp_path / "abl.tgz")]
+            str(tmp_path / "abl.tgz"), "--records", str(tmp_path / "kept")]
     res = subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, capture_output=True,
                          text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -92,6 +113,13 @@ def test_runs_score_themselves_and_a_second_command_skips_the_finished(tmp_path,
     packed = tarfile.open(tmp_path / "abl.tgz").getnames()
     assert any(n.endswith("dense_seed1/metrics.jsonl") for n in packed)
     assert not any("/checkpoints/" in n for n in packed)
+    kept = tmp_path / "kept" / "dense_seed1"
+    assert (kept / "metrics.jsonl").read_text() == (
+        tmp_path / "abl" / "dense_seed1" / "metrics.jsonl").read_text()
+    [graded] = (kept / "eval" / "rollout_000002").glob("*/samples.jsonl")
+    assert [set(json.loads(line)) for line in graded.read_text().splitlines()] == [
+        {"problem_index", "sample_index", "correct"}] * 2  # eval.limit 2, one sample each
+    assert not (kept / "checkpoints").exists()
     again = subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, capture_output=True,
                            text=True, timeout=600, env=env)
     assert "dense_seed1: finished (2 rollouts)" in again.stdout

@@ -1,20 +1,42 @@
-"""The real-model figures of docs/results.md and docs/benchmarks.md are what their commands
-print from the records in docs/runs/real/: an edit to a table, or to the code that prints
-it, that lets the two drift apart fails here."""
+"""The real-model figures of README.md, docs/results.md and docs/benchmarks.md are what the
+records in docs/runs/real/ give: tables as their commands print them, the figures in
+prose recomputed here. Prose is compared with its line breaks taken out, so rewrapping
+a paragraph passes and changing a number fails."""
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from minisparse.evaluation.paired import (Difference, paired_differences, paired_test,
+                                          score_difference)
 from minisparse.plot import evals
+from minisparse.plot.compare import comparison_tables
 from minisparse.plot.curves import group_runs, read_metrics
-from minisparse.plot.table import results_tables
+from minisparse.plot.table import results_tables, run_mean
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "docs" / "runs" / "real"
 RESULTS = (REPO / "docs" / "results.md").read_text()
 BENCHMARKS = (REPO / "docs" / "benchmarks.md").read_text()
+README = (REPO / "README.md").read_text()
+SEEDS = {"dense": (1, 2, 3), "rkv": (1, 2, 3), "rkv_naive": (1, 2), "rkv_geo": (1, 2)}
+NAMES = [f"{v}_seed{s}" for v, seeds in SEEDS.items() for s in seeds]
+ROWS = {name: read_metrics(RUNS / name) for name in NAMES}
+COMPRESSED = [name for name in NAMES if not name.startswith("dense")]
+
+
+def _prose(text: str) -> str:
+    """text with every run of white space one space: line breaks do not count."""
+    return " ".join(text.split())
+
+
+def _says(doc: str, *phrases: str) -> None:
+    for phrase in phrases:
+        assert _prose(phrase) in _prose(doc), phrase
 
 
 def _doc_row(text: str, label: str) -> str:
@@ -28,31 +50,232 @@ def _cells(row: str) -> list[str]:
     return [c.strip() for c in row.strip("| \n").split(" | ")]
 
 
+def _values(name: str, key: str, first: int = 1, last: int = 30) -> list[float]:
+    return [r[key] for r in ROWS[name] if key in r and first <= r["rollout"] <= last]
+
+
+def _variant_mean(variant: str, key: str, reduce=None) -> float:
+    return statistics.mean(run_mean(ROWS[f"{variant}_seed{s}"], key, 30, reduce)
+                           for s in SEEDS[variant])
+
+
+def _score(name: str, rollout: int) -> float:
+    [row] = [r for r in ROWS[name] if r["rollout"] == rollout]
+    return row["eval/math500/accuracy"]
+
+
 def test_the_ablation_table_is_the_records():
     """Every cell of the held-out table that `minisparse.plot --group --table` prints
     appears, in order, in the docs' row of that variant."""
-    names = [f"{v}_seed{s}" for v in ("dense", "rkv") for s in (1, 2, 3)]
-    names += [f"{v}_seed{s}" for v in ("rkv_naive", "rkv_geo") for s in (1, 2)]
-    runs = {name: read_metrics(RUNS / name) for name in names}
-    printed = results_tables(group_runs(runs))
+    printed = results_tables(group_runs(ROWS))
     labels = {"dense": "| dense", "rkv": "(`rkv`)", "rkv_naive": "(`rkv_naive`)",
               "rkv_geo": "(`rkv_geo`)"}
     for variant, label in labels.items():
         mine = _cells(_doc_row(printed, f"| {variant} |"))
         doc = " | ".join(_cells(_doc_row(RESULTS, label))).replace("**", "")
         assert re.search(".*".join(map(re.escape, mine[1:])), doc), (variant, mine, doc)
+        seeds = ", ".join(f"{100 * _score(f'{variant}_seed{s}', 30):.1f}" for s in SEEDS[variant])
+        assert doc.endswith(f"({seeds})")
 
 
-def test_the_paired_differences_are_the_kept_samples():
-    heldout = RUNS / "heldout"
-    seeds = {2: ("rkv", "rkv_naive", "rkv_geo"), 3: ("rkv",)}
-    for seed, variants in seeds.items():
-        folders = {"dense": heldout / f"dense_seed{seed}"}
-        folders |= {v: heldout / f"{v}_seed{seed}" for v in variants}
-        row = _doc_row(evals.compare_folders(folders), "| math500")
-        printed = re.findall(r"Δ ([+-]\d+\.\d ± \d+\.\d)", row)
-        doc = _cells(_doc_row(RESULTS, f"| {seed} |"))[1:1 + len(variants)]
-        assert printed == doc
+def test_each_variant_against_dense_is_printed_verbatim():
+    """The paired and the scores-alone tables, from the samples kept at rollout 30."""
+    table = comparison_tables({name: RUNS / name for name in NAMES})
+    assert table and table in RESULTS
+    assert "| rkv | 30 | - | +2.5 ± 2.9 | +1.3 ± 2.9 | +1.9 ± 2.2 (1,000 pairs) | 0.09 " in table
+
+
+def _paired(variant: str, seeds: tuple[int, ...]) -> Difference:
+    """variant minus dense at rollout 30 over these seeds' kept samples."""
+    graded = {name: evals.read_per_problem(RUNS / name / "eval" / "rollout_000030", "math500")
+              for name in (f"{v}_seed{s}" for v in ("dense", variant) for s in seeds)}
+    return paired_test([paired_differences(graded[f"dense_seed{s}"], graded[f"{variant}_seed{s}"])
+                        for s in seeds])
+
+
+def _unpaired(variant: str) -> Difference:
+    def score(name: str) -> tuple[float, float]:
+        [row] = [r for r in ROWS[name] if r["rollout"] == 30]
+        return row["eval/math500/accuracy"], row["eval/math500/accuracy_ci95"]
+
+    return score_difference([(score(f"dense_seed{s}"), score(f"{variant}_seed{s}"))
+                             for s in SEEDS[variant]])
+
+
+def test_the_statistics_sentences_are_the_records():
+    """At rollout 30: rkv paired over seeds 2 and 3, the others over seed 2, each from the
+    scores of all its seeds; one-sided bounds to 0.01 point, as the tables print them."""
+    rkv = _paired("rkv", (2, 3))
+    bound = {v: f"{100 * _paired(v, (2,)).lower_bound:+.2f}" for v in ("rkv_naive", "rkv_geo")}
+    scores = {v: f"{100 * _unpaired(v).lower_bound:+.2f}" for v in SEEDS if v != "dense"}
+    _says(RESULTS, f"Paired over seeds 2 and 3 it is {100 * rkv.mean:+.1f} ± {100 * rkv.ci95:.1f} "
+          f"points ({rkv.count:,} pairs, two-sided p = {rkv.p_value:.2f}), its one-sided lower "
+          f"bound {100 * rkv.lower_bound:+.2f} above the -2 margin; from the scores of all three "
+          f"seeds the bound is {scores['rkv']}, the same verdict",
+          f"(bounds {bound['rkv_naive']} and {bound['rkv_geo']}, seed 2)",
+          f"naive R-KV's bound is {scores['rkv_naive']} and geometric rejection's "
+          f"{scores['rkv_geo']}, which does not clear it")
+    assert rkv.non_inferior(0.02) and _unpaired("rkv_naive").non_inferior(0.02)
+    assert not _unpaired("rkv_geo").non_inferior(0.02)
+    _says(README, f"two seeds, {100 * rkv.mean:+.1f} ± {100 * rkv.ci95:.1f} points, "
+          f"p = {rkv.p_value:.2f}: no worse than dense by more than 2 points")
+
+
+def test_the_cost_table_is_the_records():
+    """Each variant's mean over its seeds of each run's mean over rollouts 1-30."""
+    table = RESULTS[RESULTS.index("Costs, each run's mean"):RESULTS.index("Per 10-rollout window")]
+    dense_seq = _variant_mean("dense", "compress/peak_cache_tokens_mean")
+    dense_once = _variant_mean("dense", "perf/peak_kv_tokens", max)
+    for variant in SEEDS:
+        seq = _variant_mean(variant, "compress/peak_cache_tokens_mean")
+        once = _variant_mean(variant, "perf/peak_kv_tokens", max)
+        relative = variant != "dense"
+        expect = [
+            f"{100 * _variant_mean(variant, 'rollout/accuracy'):.1f}%",
+            f"{_variant_mean(variant, 'compress/compressed_token_frac'):.2f}",
+            f"{_variant_mean(variant, 'mismatch/kl_k1'):.4f}",
+            f"{_variant_mean(variant, 'rs/kept_token_frac'):.2f}",
+            f"{_variant_mean(variant, 'rs/vetoed_frac'):.2f}",
+            f"{seq:,.0f}" + (f" ({seq / dense_seq:.2f})" if relative else ""),
+            f"{once:,.0f}" + (f" ({once / dense_once:.2f})" if relative else ""),
+            f"{_variant_mean(variant, 'perf/rollout_tokens_per_s'):,.0f}",
+            f"{_variant_mean(variant, 'time/step_s'):.1f}"]
+        label = "| dense |" if variant == "dense" else f"| `{variant}` |"
+        assert _cells(_doc_row(table, label))[1:] == expect, variant
+
+
+def _range(values: list[float], fmt: str) -> str:
+    return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+
+
+def test_the_compression_and_cost_sentences_are_the_records():
+    per_rollout = [v for n in COMPRESSED for v in _values(n, "compress/compressed_token_frac")]
+    windows = [statistics.mean(_values(n, "compress/compressed_token_frac", a, a + 9))
+               for n in COMPRESSED for a in (1, 11, 21)]
+    peaks = [v for n in COMPRESSED for v in _values(n, "compress/peak_cache_tokens_mean")]
+    _says(RESULTS, f"the compressed-token share is {_range(windows, '{:.2f}')} in every window "
+          f"of every compressed run ({_range(per_rollout, '{:.2f}')} a single rollout)",
+          f"put {_range(per_rollout, '{:.2f}')} of response tokens after their sequence's "
+          f"first eviction in every rollout of every run, at a peak of "
+          f"{_range(peaks, '{:.0f}')} cached tokens a sequence")
+    spread = {"acc": [], "step": [], "kv": []}
+    for variant, seeds in SEEDS.items():
+        runs = [ROWS[f"{variant}_seed{s}"] for s in seeds]
+        for key, name, scale in (("acc", "rollout/accuracy", 100), ("step", "time/step_s", 1)):
+            means = [scale * run_mean(r, name, 30) for r in runs]
+            spread[key].append(max(means) - min(means))
+        kv = [run_mean(r, "compress/peak_cache_tokens_mean", 30) for r in runs]
+        spread["kv"].append((max(kv) - min(kv)) / statistics.mean(kv))
+    _says(RESULTS, f"the seeds of a variant differ by at most {max(spread['acc']):.1f} point of "
+          f"training accuracy, {max(spread['step']):.1f} s a step and "
+          f"{100 * max(spread['kv']):.1f}% of KV a sequence")
+    vetoes = [v for s in SEEDS["rkv"] for v in _values(f"rkv_seed{s}", "rs/vetoed_frac")]
+    _says(RESULTS, f"the veto drops {100 * _variant_mean('rkv', 'rs/vetoed_frac'):.0f}% of "
+          f"sequences ({_range([100 * v for v in vetoes], '{:.0f}')}% a rollout) and token "
+          f"rejection leaves {100 * _variant_mean('rkv', 'rs/kept_token_frac'):.0f}% of the tokens")
+    assert all(v == 0 for s in SEEDS["rkv_geo"]
+               for v in _values(f"rkv_geo_seed{s}", "rs/rejected_seq_frac"))  # "rejects nothing"
+
+
+def test_the_step_time_ratios_are_the_records():
+    """README's headline row and the speed sentences: dense / R-KV of the step's mean."""
+    step = {v: _variant_mean(v, "time/step_s") for v in SEEDS}
+    dense_12 = statistics.mean(run_mean(ROWS[f"dense_seed{s}"], "time/step_s", 30)
+                               for s in (1, 2))
+    own = [step["dense"] / step["rkv"]]
+    own += [dense_12 / step[v] for v in ("rkv_naive", "rkv_geo")]
+    against_all = [step["dense"] / step[v] for v in ("rkv", "rkv_naive", "rkv_geo")]
+    _says(README, f"| {step['dense']:.1f} s | {step['rkv']:.1f} s | "
+          f"{step['dense'] / step['rkv']:.2f}x |")
+    _says(RESULTS, f"`rkv` {step['rkv']:.1f} s against dense's {step['dense']:.1f} s over three "
+          f"seeds, dense / R-KV {own[0]:.2f}x; naive and geometric {step['rkv_naive']:.1f} and "
+          f"{step['rkv_geo']:.1f} s against {dense_12:.1f} s over their two seeds, "
+          f"{own[1]:.2f}x and {own[2]:.2f}x")
+    _says(BENCHMARKS, f"dense {step['dense']:.1f} s a step against R-KV's "
+          f"{_range([step[v] for v in ('rkv', 'rkv_naive', 'rkv_geo')], '{:.1f}')} s (dense / "
+          f"R-KV {_range(against_all, '{:.2f}')}x; {_range(own, '{:.2f}')}x against each "
+          "variant's own seeds of dense)")
+
+
+def test_the_held_out_sentences_are_the_records():
+    gains = {v: statistics.mean(_score(f"{v}_seed{s}", 30) - _score(f"{v}_seed{s}", 0)
+                                for s in seeds) for v, seeds in SEEDS.items()}
+    _says(RESULTS, f"{100 * gains['dense']:.1f} points (dense), {100 * gains['rkv_naive']:.1f} "
+          f"(`rkv_naive`), {100 * gains['rkv']:.1f} (`rkv`) and {100 * gains['rkv_geo']:.1f} "
+          "(`rkv_geo`), each the mean of its seeds' gains")
+    gaps = [_score(f"rkv_seed{s}", 30) - _score(f"dense_seed{s}", 30) for s in (1, 2, 3)]
+    _says(RESULTS, "It ends above dense in all three seeds (" + ", ".join(
+        f"{100 * g:+.1f}" for g in gaps) + " points)")
+    assert all(_score(n, 30) >= _score(f"dense_seed{n[-1]}", 30) for n in COMPRESSED)
+    before = [_score(n, 0) for n in NAMES]
+    tokens = [r["eval/math500/mean_response_tokens"] for n in NAMES for r in ROWS[n]
+              if r["rollout"] == 0]
+    widths = [r["eval/math500/accuracy_ci95"] for n in NAMES for r in ROWS[n]
+              if r["rollout"] == 0]
+    _says(RESULTS, f"| {_range([100 * b for b in before], '{:.1f}')} ± "
+          f"{_range([100 * w for w in widths], '{:.1f}')}% ({_range(tokens, '{:.0f}')} tokens) |",
+          f"the model scores {_range([100 * b for b in before], '{:.1f}')}% on MATH500")
+    same_weights = [abs(_score(n, 0) - _score(f"dense_seed{n[-1]}", 0)) for n in COMPRESSED]
+    _says(RESULTS, f"their scores still differ by up to {100 * max(same_weights):.1f} points")
+
+
+def test_the_mismatch_sentences_are_the_records():
+    def kl(name: str, first: int) -> float:
+        return statistics.mean(_values(name, "mismatch/kl_k1", first, first + 9))
+
+    def change(name: str) -> str:
+        return f"{kl(name, 1):.3f} to {kl(name, 21):.3f}"
+
+    _says(RESULTS, f"rises from {kl('rkv_naive_seed1', 1):.3f} and {kl('rkv_naive_seed2', 1):.3f}"
+          f" (seeds 1, 2; rollouts 1-10) to {kl('rkv_naive_seed1', 21):.3f} and "
+          f"{kl('rkv_naive_seed2', 21):.3f} (rollouts 21-30)",
+          f"`rkv` eased in seed 1 ({change('rkv_seed1')}) and rose in seeds 2 and 3 "
+          f"({change('rkv_seed2')}, {change('rkv_seed3')}); `rkv_geo` eased in both "
+          f"({change('rkv_geo_seed1')}, {change('rkv_geo_seed2')})")
+    corrected = [kl(n, 21) - kl(n, 1) for n in COMPRESSED if "naive" not in n]
+    _says(RESULTS, f"The corrected runs move by {min(corrected):+.3f} to {max(corrected):+.3f}")
+    assert all(kl(n, 21) > kl(n, 1) for n in COMPRESSED if "naive" in n)
+
+
+def _window(variant: str, key: str, first: int, scale: float = 1.0) -> float:
+    """The variant's mean over seeds of each run's mean over rollouts first..first + 9."""
+    return statistics.mean(scale * statistics.mean(_values(f"{variant}_seed{s}", key, first,
+                                                           first + 9)) for s in SEEDS[variant])
+
+
+def test_the_window_sentences_are_the_records():
+    def by_window(variant: str) -> str:
+        return ", ".join(f"{_window(variant, 'mismatch/kl_k1', a):.3f}" for a in (1, 11, 21))
+
+    compressed = ("rkv_naive", "rkv", "rkv_geo")
+    accuracy = {a: [_window(v, "rollout/accuracy", a, 100) for v in compressed]
+                for a in (1, 11, 21)}
+    _says(RESULTS, f"the mismatch KL of naive R-KV goes {by_window('rkv_naive')} by window, of "
+          f"`rkv` {by_window('rkv')}, of `rkv_geo` {by_window('rkv_geo')}; training accuracy "
+          "goes " + ", ".join(f"{_window('dense', 'rollout/accuracy', a, 100):.1f}"
+                              for a in (1, 11, 21))
+          + "% for dense and " + ", ".join(_range(accuracy[a], "{:.1f}") for a in (1, 11, 21))
+          + "% for the compressed variants")
+    over_run = [100 * _variant_mean(v, "rollout/accuracy") for v in compressed]
+    _says(RESULTS, f"({_range(over_run, '{:.1f}')}% against dense's "
+          f"{100 * _variant_mean('dense', 'rollout/accuracy'):.1f}% over the run; "
+          f"{_range(accuracy[21], '{:.1f}')}% against "
+          f"{_window('dense', 'rollout/accuracy', 21, 100):.1f}% in rollouts 21-30)")
+    speed = [_variant_mean(v, "perf/rollout_tokens_per_s") / 1000 for v in compressed]
+    _says(RESULTS, f"its rollout samples {_range(speed, '{:.1f}')}k tokens/s against dense's "
+          f"{_variant_mean('dense', 'perf/rollout_tokens_per_s') / 1000:.1f}k")
+    final = {v: statistics.mean(_score(f"{v}_seed{s}", 30) for s in SEEDS[v]) for v in SEEDS}
+    rkv_12 = statistics.mean(_score(f"rkv_seed{s}", 30) for s in (1, 2))
+    _says(RESULTS, f"({100 * (final['rkv'] - final['rkv_naive']):.1f} points over naive, "
+          f"{100 * (rkv_12 - final['rkv_naive']):.2f} over the same two seeds")
+
+
+def test_the_first_rollouts_groups_are_the_records():
+    mixed = [32 - r["advantage/zero_signal_groups"] for s in SEEDS["dense"]
+             for r in ROWS[f"dense_seed{s}"] if r["rollout"] == 1]
+    _says(RESULTS, ", ".join(f"{100 * m / 32:.0f}%" for m in mixed[:-1])
+          + f" and {100 * mixed[-1] / 32:.0f}% of its groups ("
+          + ", ".join(f"{m:.0f}" for m in mixed[:-1]) + f" and {mixed[-1]:.0f} of 32)")
 
 
 def _pair_table(*names: str) -> str:
@@ -78,7 +301,7 @@ def test_the_step_pair_medians_are_the_records():
     ratio = out.splitlines()[-1]
     assert ratio.startswith("median of 5 pairs: dense / compressed 1.15x a step (0.96-1.30x), "
                             "1.22x a rollout")
-    assert "1.15x a step (median of five pairs; 0.96-1.30x), 1.22x a\nrollout" in BENCHMARKS
+    _says(BENCHMARKS, "1.15x a step (median of five pairs; 0.96-1.30x), 1.22x a rollout")
 
 
 def test_the_benchmarks_after_training_are_printed_verbatim():
@@ -87,12 +310,35 @@ def test_the_benchmarks_after_training_are_printed_verbatim():
     assert table in RESULTS
 
 
+BASE = {path.stem: json.loads(path.read_text())["benchmarks"]
+        for path in sorted((RUNS / "base").glob("*.json"))}
+
+
 def test_the_base_models_figures_are_their_records():
     """Every score of docs/runs/real/base/JOB.json (eval.py's summaries) is in the table
-    of the base models, as eval.py prints it."""
+    of the base models as eval.py prints it; the sampled jobs' mean lengths and truncated
+    shares too, the greedy ones' MATH500 lengths in the prose below it."""
     from minisparse.evaluation.scores import percent_with_interval
 
-    table = RESULTS[RESULTS.index("### Why this model"):RESULTS.index("### Commands")]
-    for path in sorted((RUNS / "base").glob("*.json")):
-        for name, m in json.loads(path.read_text())["benchmarks"].items():
-            assert f"{percent_with_interval(m, '±')}%" in table, (path.name, name)
+    section = RESULTS[RESULTS.index("### Why this model"):RESULTS.index("### Commands")]
+    table = section[:section.index("± is the half-width")]
+    for job, benchmarks in BASE.items():
+        for name, m in benchmarks.items():
+            assert f"{percent_with_interval(m, '±')}%" in table, (job, name)
+            if not job.startswith("greedy"):
+                assert f"{m['mean_response_tokens']:,.0f}" in table, (job, name)
+                assert f"{100 * m['truncated_fraction']:.1f}%" in table, (job, name)
+    math500 = [b["math500"] for job, b in BASE.items() if job.startswith(("greedy", "protocol"))]
+    cut = [100 * m["truncated_fraction"] for m in math500]
+    greedy = [BASE[f"greedy_{s}"]["math500"]["mean_response_tokens"] for s in ("0.5b", "1.5b")]
+    _says(section, f"{_range(cut, '{:.0f}')}% of MATH500 answers run to the 8,192-token limit "
+          f"(greedy: mean {_range(greedy, '{:,.0f}')} tokens")
+    assert {m["max_new_tokens"] for m in math500} == {8192}
+    costs = {bench: [100 * (BASE[f"greedy_{s}"][bench]["accuracy"]
+                            - BASE[f"protocol_{s}"][bench]["accuracy"]) for s in ("0.5b", "1.5b")]
+             for bench in ("math500", "gsm8k")}
+    _says(section, f"costs {_range(costs['math500'], '{:.1f}')} points of MATH500 and "
+          f"{_range(costs['gsm8k'], '{:.1f}')} of GSM8K against greedy")
+    ends = [100 - 100 * BASE[f"train_{s}"]["simplelr_qwen_level3to5"]["truncated_fraction"]
+            for s in ("1.5b", "0.5b")]
+    _says(section, f"it ends {ends[0]:.1f}% of its answers (the 0.5B {ends[1]:.1f}%)")

@@ -1,12 +1,11 @@
 """A benchmark's scores from its graded samples (Sparse-RL paper / Qwen2.5-Math harness):
 avg@n (mean accuracy over all samples) with its 95% interval, unbiased pass@k for the
-powers of two up to n, lengths, truncation and grading timeouts; the paired difference of
-two checkpoints on the same problems; and how they are shown (the training logger's keys,
-eval.py's table)."""
+powers of two up to n, lengths, truncation and grading timeouts; and how they are shown
+(the training logger's keys, eval.py's table). Two checkpoints compared: paired.py."""
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Sequence
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -42,22 +41,6 @@ def problem_counts(records: Sequence[dict]) -> dict[int, tuple[int, int]]:
 def per_problem_accuracy(records: Sequence[dict]) -> dict[int, float]:
     """problem_index -> the share of its samples graded right."""
     return {index: right / total for index, (right, total) in problem_counts(records).items()}
-
-
-def paired_difference(base: Mapping[Hashable, float], other: Mapping[Hashable, float]
-                      ) -> tuple[float, float | None]:
-    """Mean accuracy of `other` minus `base` over the same problems, with its 95% interval.
-
-    Two checkpoints scored on the same problems share each problem's difficulty, so the
-    per-problem differences vary far less than either score: the interval of the
-    difference is narrower than the two scores' intervals side by side suggest (on
-    MATH500 about +-2.9 points against +-3.8 each)."""
-    if set(base) != set(other):
-        only_one = len(set(base) ^ set(other))
-        raise ValueError(f"paired difference needs the same problems: {only_one} scored by "
-                         "one side only")
-    differences = [other[index] - base[index] for index in base]
-    return sum(differences) / len(differences), accuracy_ci95(differences)
 
 
 def pass_k_values(n: int) -> list[int]:

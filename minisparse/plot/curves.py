@@ -17,7 +17,9 @@ curves.png in the first run's folder.
 trailing seed (rkv_seed1, rkv_seed2; rkv-s1, rkv_s2) are a group, drawn as the mean over
 its seeds at the rollouts every one of them logged, with a band from the lowest to the
 highest seed. --table prints the held-out accuracy and cost tables (minisparse/plot/table.py)
-of the groups instead of drawing (and draws too when --out is given). --evals reads
+of the groups instead of drawing (and draws too when --out is given); with --group and a
+variant named dense, then each variant against dense of the same seed, paired on the
+graded samples the runs kept (minisparse/plot/compare.py). --evals reads
 eval.py's results folders instead of runs and prints their benchmarks side by side
 (minisparse/plot/evals.py).
 """
@@ -211,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--table", action="store_true",
                         help="print the held-out accuracy and cost tables per variant (mean "
                              "± std over seeds) instead of drawing; --out draws as well")
+    parser.add_argument("--margin", type=float, default=2.0,
+                        help="with --group --table: the non-inferiority margin, in points "
+                             "of accuracy, each variant's one-sided 95%% bound against dense "
+                             "must clear")
     parser.add_argument("--evals", action="store_true",
                         help="the folders are eval.py results (NAME/metrics.json a "
                              "benchmark): print their benchmarks side by side, a folder a "
@@ -232,10 +238,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         runs = {name: read_metrics(run) for name, run in zip(names, args.runs)}
         if args.table:
+            from minisparse.plot.compare import comparison_tables
             from minisparse.plot.table import results_tables
 
             print(results_tables(group_runs(runs) if args.group
                                  else {n: [r] for n, r in runs.items()}))
+            if args.group and (against := comparison_tables(dict(zip(names, args.runs)),
+                                                            args.margin / 100)):
+                print(against)
         path = None
         if args.out or not args.table:
             path = plot_runs(runs, args.out or Path(args.runs[0]) / "curves.png", args.smooth,

@@ -23,8 +23,8 @@ import json
 from pathlib import Path
 
 from minisparse.data.benchmarks import PAPER_BENCHMARKS
-from minisparse.evaluation.scores import (paired_difference, per_problem_accuracy,
-                                          percent_with_interval)
+from minisparse.evaluation.paired import Difference, paired_differences, paired_test
+from minisparse.evaluation.scores import per_problem_accuracy, percent_with_interval
 
 
 REQUIRED = ("accuracy", "n_samples", "problems", "mean_response_tokens", "truncated_fraction")
@@ -74,12 +74,16 @@ def read_per_problem(folder: str | Path, benchmark: str) -> Problems | None:
         raise EvalsError(f"{path}: not an eval.py samples.jsonl ({exc})") from None
 
 
+def difference_text(diff: Difference) -> str:
+    """'+1.3 ± 2.9': a difference in points with its 95% interval, where it has one."""
+    return f"{100 * diff.mean:+.1f}" + ("" if diff.ci95 is None else f" ± {100 * diff.ci95:.1f}")
+
+
 def _difference(base: Problems | None, other: Problems | None) -> str:
     """'; Δ +1.3 ± 2.9' against the first column, where both scored the same problems."""
     if base is None or other is None or set(base) != set(other):
         return ""
-    mean, ci = paired_difference(base, other)
-    return f"; Δ {100 * mean:+.1f}" + ("" if ci is None else f" ± {100 * ci:.1f}")
+    return "; Δ " + difference_text(paired_test([paired_differences(base, other)]))
 
 
 def _protocol(m: dict) -> str:

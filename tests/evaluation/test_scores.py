@@ -1,9 +1,9 @@
-"""minisparse/evaluation/scores.py: pass@k, avg@n and its interval, and the paired
-difference of two checkpoints, against hand-computed values."""
+"""minisparse/evaluation/scores.py: pass@k, avg@n and its interval, against hand-computed
+values."""
 import pytest
 
-from minisparse.evaluation.scores import (accuracy_ci95, paired_difference, pass_at_k,
-                                          pass_k_values, per_problem_accuracy, sample_metrics)
+from minisparse.evaluation.scores import (accuracy_ci95, pass_at_k, pass_k_values,
+                                          sample_metrics)
 
 
 def test_pass_at_k_hand_values():
@@ -52,18 +52,3 @@ def test_accuracy_interval_hand_values():
     assert accuracy_ci95([1.0] * 250 + [0.0] * 250) == pytest.approx(0.04387, abs=1e-5)
     assert accuracy_ci95([1.0] * 10) == 0.0  # every problem solved: no spread
     assert accuracy_ci95([1.0]) is None  # one problem: no interval
-
-
-def test_per_problem_accuracy_and_paired_difference_hand_values():
-    records = [_rec(0, True, 1), _rec(0, False, 1), _rec(1, True, 1), _rec(1, True, 1),
-               _rec(2, False, 1), _rec(2, False, 1)]
-    base = per_problem_accuracy(records)
-    assert base == {0: 0.5, 1: 1.0, 2: 0.0}
-    other = {0: 1.0, 1: 1.0, 2: 0.5}
-    mean, ci = paired_difference(base, other)
-    # differences 0.5, 0, 0.5: mean 1/3, sample variance 1/12, over 3 problems
-    assert mean == pytest.approx(1 / 3)
-    assert ci == pytest.approx(1.96 * (1 / 12 / 3) ** 0.5)
-    assert paired_difference(base, base) == (0.0, 0.0)
-    with pytest.raises(ValueError, match="same problems: 2 scored by one side only"):
-        paired_difference(base, {0: 1.0, 1: 1.0, 3: 0.0})
