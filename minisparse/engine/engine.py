@@ -141,7 +141,8 @@ class LLMEngine:
         if shown is not None:
             shown.close()
         stats.wall_s = time.perf_counter() - start
-        self.last_stats = _totals(stats, self.timer, sched, seqs)
+        self.last_stats = _totals(stats, self.timer, sched, seqs,
+                                  self.lm.runs_kernels(self.device))
         return [s.to_output() for s in seqs]
 
     def _sequences(self, prompt_token_ids: list[list[int]],
@@ -300,12 +301,13 @@ def _count_decode(launch: DecodeLaunch, stats: GenerateStats) -> None:
     lens = [n for s, n in zip(launch.seqs, launch.cache_lens) if s.finish_reason is None]
     stats.steps += 1
     stats.decode_steps += 1
+    stats.graph_steps += launch.graph
     stats.decode_tokens += len(lens)
     stats.decode_kv_tokens += sum(lens)
 
 
 def _totals(stats: GenerateStats, timer: PhaseTimer, sched: Scheduler,
-            seqs: list[Sequence]) -> GenerateStats:
+            seqs: list[Sequence], fused_kernels: bool) -> GenerateStats:
     """stats (wall_s set, step counts kept) completed with the call's totals."""
     phases = timer.seconds()
     stats.prefill_s, stats.decode_s, stats.compress_s = (
@@ -318,4 +320,5 @@ def _totals(stats: GenerateStats, timer: PhaseTimer, sched: Scheduler,
     stats.compressions = sum(s.num_compressions for s in seqs)
     stats.shared_prompt_tokens = sched.shared_tokens
     stats.evicted_tokens = sum(s.evicted_tokens for s in seqs)
+    stats.fused_kernels = fused_kernels
     return stats

@@ -41,6 +41,7 @@ class DecodeLaunch:
     host: torch.Tensor
     ready: torch.cuda.Event | None
     cache_lens: list[int]
+    graph: bool = False  # replayed from a captured CUDA graph
 
 
 class ModelRunner:
@@ -146,7 +147,8 @@ class ModelRunner:
         and the copy of its results to the host; returns without waiting for either."""
         ids, pos, rows, cidx, seeds, steps = inputs
         max_len = max(s.cache_len for s in seqs) + 1
-        if self.graphs is not None and self.graphs.fits(len(seqs), max_len):
+        graph = self.graphs is not None and self.graphs.fits(len(seqs), max_len)
+        if graph:
             tokens, logprobs = self.graphs.run(ids, pos, rows, cidx, seeds, steps, max_len, sp)
         else:
             hidden = decode_forward(self.lm, self.pool, ids, pos, rows, cidx, max_len)
@@ -156,7 +158,8 @@ class ModelRunner:
         if self.device.type == "cuda":
             out, ready = self._to_pinned(out), torch.cuda.Event()
             ready.record()
-        return DecodeLaunch(seqs, inputs, tokens, out, ready, [s.cache_len + 1 for s in seqs])
+        return DecodeLaunch(seqs, inputs, tokens, out, ready, [s.cache_len + 1 for s in seqs],
+                            graph and self.graphs.use_graphs)
 
     def collect(self, launch: DecodeLaunch) -> tuple[list[int], list[float]]:
         """Wait for a launched step's (tokens, logprobs) and return them as host lists."""

@@ -152,6 +152,11 @@ class CausalLM:
             h = h + F.linear(gate * up, mlp.down_proj.weight, mlp.down_proj.bias)
         return rms_norm(h, self.base.norm)
 
+    def runs_kernels(self, device: torch.device) -> bool:
+        """Whether forwards on `device` take the fused Triton kernels (the rollout
+        metrics and the bench report it: a shape the kernels refuse falls back silently)."""
+        return self._use_kernels(torch.empty(0, device=device, dtype=self.dtype))
+
     def _use_kernels(self, h: torch.Tensor) -> bool:
         """The Triton path needs fused_kernels on, CUDA, the fused weights, SiLU and
         a power-of-two head_dim."""

@@ -49,6 +49,10 @@ class GenerateStats:
     decode_s: float = 0.0
     compress_s: float = 0.0
     compress_events: int = 0  # batched compaction calls (each serves every due sequence)
+    # Whether the fast path ran: decode steps replayed from a captured CUDA graph, and
+    # whether the forward ran the fused Triton kernels (models.py's kernel path).
+    graph_steps: int = 0
+    fused_kernels: bool = False
 
 
 @dataclass

@@ -109,9 +109,12 @@ def generate_metrics(stats: list) -> dict[str, float]:
     device time of prefill, decode and compaction summed, so a compressed run's records
     say what its compression costs (the rest of the rollout's wall time waited on the
     host); the pages held at once, which prompt sharing lowers where token counts do
-    not see it."""
+    not see it; and whether the fast path ran (the share of decode steps replayed from
+    CUDA graphs, 1.0 when every call's forward took the fused kernels)."""
     tokens = sum(s.generated_tokens for s in stats)
     wall = sum(s.wall_s for s in stats)
+    decode_steps = sum(s.decode_steps for s in stats)
+    graph_steps = sum(s.graph_steps for s in stats)
     return {
         "perf/rollout_tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "perf/rollout_tokens": float(tokens),
@@ -121,6 +124,8 @@ def generate_metrics(stats: list) -> dict[str, float]:
         "perf/rollout_prefill_s": sum(s.prefill_s for s in stats),
         "perf/rollout_decode_s": sum(s.decode_s for s in stats),
         "perf/rollout_compress_s": sum(s.compress_s for s in stats),
+        "perf/decode_graph_share": graph_steps / decode_steps if decode_steps else 0.0,
+        "perf/fused_kernels": float(all(s.fused_kernels for s in stats)),
     }
 
 

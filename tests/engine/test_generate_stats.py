@@ -61,3 +61,29 @@ def test_fused_weight_copy_is_paid_from_the_pool_budget(monkeypatch):
     assert pool_bytes(cfg, cuda, copy) + copy == int(0.8 * 100 * gib)
     assert pool_bytes(cfg, cuda, 500 * gib) == 0
     assert pool_bytes(EngineConfig(kv_memory_gb=2.0), cuda, copy) == 2 * gib
+
+
+def test_stats_say_whether_the_fast_path_ran(qwen2, monkeypatch):
+    """On a CPU no decode step replays a CUDA graph and the forward is the reference one;
+    each launch that replays a graph counts once, and the kernel path is reported where
+    the forward takes it (here with the interpreted kernels offered for CPU)."""
+    import minisparse.engine.engine as engine_mod
+    import minisparse.engine.models as models_mod
+    from minisparse.engine.model_runner import DecodeLaunch
+    from minisparse.engine.sequence import GenerateStats
+    from triton_interpreter import import_interpreted
+
+    engine = make_engine(qwen2, page_size=4)
+    engine.generate(prompts(2, lo=5, hi=9), SamplingParams(max_new_tokens=6, seed=0,
+                                                           ignore_eos=True))
+    s = engine.last_stats
+    assert s.decode_steps == 5 and s.graph_steps == 0 and s.fused_kernels is False
+    stats = GenerateStats()
+    for graph in (True, False, True):
+        launch = DecodeLaunch([], None, None, None, None, [], graph)
+        engine_mod._count_decode(launch, stats)
+    assert (stats.decode_steps, stats.graph_steps) == (3, 2)
+    ops = import_interpreted("minisparse.engine.layers.fused_ops")
+    monkeypatch.setattr(models_mod, "fused_ops", lambda h: ops)
+    engine.lm.fuse_weights()
+    assert engine.lm.runs_kernels(engine.device)

@@ -97,4 +97,5 @@ def test_generate_metrics_sum_the_calls_of_a_rollout():
         "perf/rollout_tokens_per_s": 100.0, "perf/rollout_tokens": 400.0,
         "perf/peak_kv_tokens": 900.0, "perf/peak_kv_pages": 70.0, "perf/preemptions": 1.0,
         "perf/rollout_prefill_s": 0.5, "perf/rollout_decode_s": 1.5,
-        "perf/rollout_compress_s": 0.75}
+        "perf/rollout_compress_s": 0.75, "perf/decode_graph_share": 0.0,
+        "perf/fused_kernels": 0.0}
