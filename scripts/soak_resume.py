@@ -24,19 +24,21 @@ RESUMED = re.compile(r"^resumed from (\S+) \(rollout (\d+), step \d+\)$", re.M)
 CHECKPOINT = re.compile(r"^rollout_(\d{6})$")
 # Run-to-run noise; every other metric of a resumed run equals the reference's.
 VOLATILE = ("time/", "mem/", "perf/", "reward/grade_s")
-Mark = tuple[float, str, str, int]  # (time.time(), 'start' | 'end', phase, rollout)
+# (time.time(), 'start' | 'end' | 'kill', phase, rollout); 'kill': at the phase's end
+Mark = tuple[float, str, str, int]
 
 
 HOW = """\
 One uninterrupted run first: the reference. Then, per kill, a launch with resume=auto is
 SIGKILLed at a random point of one phase (start-up, rollout, update or checkpoint save;
 each once per four kills, in random order; a uniform delay into it, up to the shortest
-time it has taken so far) and the next launch resumes. Checked after every kill and
-resume: the resume continued from the newest complete checkpoint (never a half-written
-one), metrics.jsonl holds rollouts 1..n once each and in order, and no step (start-up,
-or one phase to the next) took longer than --step-timeout. A run that ends is checked
-row for row against the reference and a new one starts. Exit status 1, with the
-failures listed, when any check fails. Logs and phase marks: OUT/logs/.
+time it has taken so far, or at its end when it is over sooner) and the next launch
+resumes. Checked after every kill and resume: the resume continued from the newest
+complete checkpoint (never a half-written one), metrics.jsonl holds rollouts 1..n once
+each and in order, and no step (start-up, or one phase to the next) took longer than
+--step-timeout. A run that ends is checked row for row against the reference and a new
+one starts. Exit status 1, with the failures listed, when any check fails. Logs and
+phase marks: OUT/logs/.
 
     python scripts/soak_resume.py --kills 20 --out /tmp/soak
 """
@@ -53,14 +55,25 @@ def child(marks: str, target: str, delay: float, argv: list[str]) -> None:
     """train.main() with a line in `marks` as start-up and each traced phase start and
     end (a write is a system call: every line before the kill is there), SIGKILLed
     `delay` s into `target` ('startup', 'update 3', ...; 'end': never) by a timer thread
-    armed as the target starts. From inside, the kill lands within a few ms of its mark;
-    an outside poller on a busy 2-core machine misses a 50 ms update phase."""
+    armed as the target starts, or at the target's end when it is over sooner (the
+    machine got faster, or less busy): every kill lands inside its target. From inside,
+    the kill lands within a few ms of its mark; an outside poller on a busy 2-core
+    machine misses a 50 ms update phase."""
     out = open(marks, "a", buffering=1)
     out.write(f"{time.time():.6f} start startup 0\n")
 
+    def kill() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def arm(point: str) -> None:
         if point == target:
-            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            threading.Timer(delay, kill).start()
+
+    def over(point: str, rollout: int) -> None:
+        """`point` ends: the kill, if it aims there and its timer has not fired."""
+        if point == target:
+            out.write(f"{time.time():.6f} kill {point.split()[0]} {rollout}\n")
+            kill()
 
     arm("startup")
     sys.path.insert(0, str(REPO))
@@ -71,11 +84,14 @@ def child(marks: str, target: str, delay: float, argv: list[str]) -> None:
     def traced(phase: str, fn):
         def wrapper(run, *args):
             if phase == "rollout":
+                over("startup", 0)  # start-up ends as the first rollout starts
                 current["rollout"] = args[0]
-            out.write(f"{time.time():.6f} start {phase} {current['rollout']}\n")
-            arm(f"{phase} {current['rollout']}")
+            point = f"{phase} {current['rollout']}"
+            out.write(f"{time.time():.6f} start {point}\n")
+            arm(point)
             result = fn(run, *args)
-            out.write(f"{time.time():.6f} end {phase} {current['rollout']}\n")
+            over(point, current["rollout"])
+            out.write(f"{time.time():.6f} end {point}\n")
             return result
 
         return wrapper
@@ -87,7 +103,7 @@ def child(marks: str, target: str, delay: float, argv: list[str]) -> None:
 
 
 def read_marks(path: Path) -> list[Mark]:
-    """(time, start|end, phase, rollout) per complete line."""
+    """(time, start|end|kill, phase, rollout) per complete line."""
     if not path.is_file():
         return []
     lines = path.read_text().split("\n")[:-1]  # a line cut by the kill has no newline
@@ -99,7 +115,7 @@ def landed(marks: list[Mark]) -> str:
     if not marks or marks[-1][2] == "startup":
         return "startup"
     _, what, phase, rollout = marks[-1]
-    return f"{phase} {rollout}" if what == "start" else f"after {phase} {rollout}"
+    return f"after {phase} {rollout}" if what == "end" else f"{phase} {rollout}"
 
 
 # ------------------------------------------------------------------------------- checks
@@ -184,6 +200,7 @@ class Attempt:
     resumed: bool  # a launch after a kill in the same dir
     target: str  # phase (and rollout) the kill aimed at; 'end' for a run to the end
     landed: str = "end"  # where the kill hit, from the launch's marks
+    at_end: bool = False  # the phase ended before the delay: killed as it ended
     delay_s: float = 0.0  # into the target phase
     lived_s: float = 0.0  # launch to kill (or exit)
     first_rollout_s: float | None = None  # launch to its first rollout (None: not reached)
@@ -248,7 +265,8 @@ class Soak:
     def learn(self, marks: list[Mark]) -> None:
         """A kill's delay is drawn up to the shortest duration seen of its phase at its
         rollout (a rollout samples the same responses in every launch, so it takes about
-        as long each time): the kill lands inside it as load on the machine comes and goes."""
+        as long each time): most kills land before its end, wherever load on the machine
+        makes it go."""
         for point, seconds in durations(marks).items():
             self.shortest[point] = min(seconds, self.shortest.get(point, math.inf))
 
@@ -263,7 +281,7 @@ def durations(marks: list[Mark]) -> dict[tuple[str, int], float]:
             spans["startup", 0] = t - opened["startup", 0]
         if what == "start":
             opened[phase, rollout] = t
-        else:
+        elif what == "end":
             spans[phase, rollout] = t - opened[phase, rollout]
     return spans
 
@@ -314,6 +332,7 @@ def _attempt(s: Soak, run_dir: Path, target: str, delay: float) -> None:
     marks = read_marks(launch.marks)
     s.learn(marks)
     attempt.landed = landed(marks) if code else "end"
+    attempt.at_end = bool(code) and bool(marks) and marks[-1][1] == "kill"
     attempt.lived_s = time.time() - launch.started
     first = next((t for t, _, phase, _ in marks if phase == "rollout"), None)
     attempt.first_rollout_s = None if first is None else first - launch.started
@@ -352,7 +371,8 @@ def summary(report: Report) -> str:
              f"{'rollout_s':>9}  left incomplete"]
     for a in report.attempts:
         first = f"{a.first_rollout_s:.1f}" if a.first_rollout_s is not None else "-"
-        lines.append(f"{a.run:<6} {a.target:<10} {a.landed:<16} {a.delay_s:7.3f} "
+        where = f"{a.landed} (end)" if a.at_end else a.landed
+        lines.append(f"{a.run:<6} {a.target:<10} {where:<16} {a.delay_s:7.3f} "
                      f"{a.lived_s:7.1f} {first:>9}  {' '.join(a.left_incomplete) or '-'}")
     kills = [a for a in report.attempts if a.target != "end"]
     where = [a.landed.split()[1 if a.landed.startswith("after") else 0] for a in kills]
@@ -361,7 +381,7 @@ def summary(report: Report) -> str:
     lines += [
         f"kills tried: {len(kills)} (in start-up {where.count('startup')}, rollout "
         f"{where.count('rollout')}, update {where.count('update')}, save {where.count('save')}"
-        f"; {sum(a.landed.startswith('after') for a in kills)} of these just after it)",
+        f"; {sum(a.at_end for a in kills)} of these at the phase's end)",
         f"resumes: {len(resumes)}, continued from the newest complete checkpoint: "
         f"{len(continued)}, killed in their own start-up first: "
         f"{len(resumes) - len(continued)}",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from run_helpers import killed_after_rows
+from run_helpers import signalled_after_rows
 
 REPO = Path(__file__).resolve().parents[1]
 RANK = 8
@@ -36,8 +36,8 @@ def _rows(out: Path) -> list[dict]:
 
 
 def _killed_after(out: Path, rows: int, cache: Path) -> int:
-    """Start a run and SIGKILL it once metrics.jsonl holds `rows` rows."""
-    return killed_after_rows(_cmd(out), REPO, _env(cache), out / "metrics.jsonl", rows)
+    """A run SIGKILLed as its metrics.jsonl reaches `rows` rows; its return code."""
+    return signalled_after_rows(_cmd(out), REPO, _env(cache), rows).returncode
 
 
 @pytest.fixture(scope="module")

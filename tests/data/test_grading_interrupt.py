@@ -2,13 +2,14 @@
 trainer and grading processes alike. The trainer owns the stop (one line, no traceback),
 so a grading process must neither print a KeyboardInterrupt traceback nor die of it, and
 the pool must still grade and then shut its workers down. Here a child process in a
-session of its own holds a GradingPool; the test sends SIGINT to its whole group."""
+session of its own holds a GradingPool; the test sends SIGINT to its whole group as the
+child says it is waiting, or that the answer is in a worker's hands (a line, not a
+guessed delay)."""
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -19,17 +20,25 @@ ROOT = Path(__file__).resolve().parents[2]
 # pause: what train.py does before it exits), and the pool's close at exit.
 HOLDER = textwrap.dedent("""
     import os, sys, time
-    from minisparse.data.grading_pool import GradingPool
+    from minisparse.data.grading_pool import GradingPool, _Worker
 
     pool = GradingPool()
     pool.run([("1/2", "0.5")], 5.0, 2, 60.0)
     while not all(w.ready for w in pool.workers):  # neither is still starting
         pool._wait(pool.workers, time.monotonic() + 1.0, {})
     print("ready", flush=True)
+    send = _Worker.send
+
+    def said(*args):
+        send(*args)
+        print("sent", flush=True)
+
+    _Worker.send = said
     try:
         if sys.argv[1] == "grading":  # an answer in flight: sympy builds a huge integer
             pool.run([("(10^{9999})^{12345}", "1")], 30.0, 2, 60.0)
         else:
+            print("waiting", flush=True)
             time.sleep(60)
         print("not interrupted", flush=True)
     except KeyboardInterrupt:
@@ -52,7 +61,7 @@ def test_ctrl_c_to_the_process_group_leaves_the_workers_quiet(phase):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         assert holder.stdout.readline() == "ready\n", holder.stderr.read()
-        time.sleep(0.3)  # the "grading" phase: the answer is now in a worker's hands
+        assert holder.stdout.readline() == {"idle": "waiting\n", "grading": "sent\n"}[phase]
         os.killpg(holder.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         out, err = holder.communicate(timeout=120)
     finally:
@@ -60,7 +69,7 @@ def test_ctrl_c_to_the_process_group_leaves_the_workers_quiet(phase):
             os.killpg(holder.pid, signal.SIGKILL)
             holder.wait()
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert out.splitlines() == ["interrupted", "alive True", "graded {0: True}",
+    assert out.splitlines() == ["interrupted", "alive True", "sent", "graded {0: True}",
                                 "closed True"], (out, err)
     assert holder.returncode == 0, err
 

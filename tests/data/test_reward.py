@@ -1,5 +1,4 @@
 import threading
-import time
 
 import pytest
 
@@ -52,19 +51,29 @@ def test_non_string_inputs_score_zero():
     assert math_reward("\\boxed{1}", "") == 0.0
 
 
+@pytest.fixture
+def no_sympy(monkeypatch):
+    """Fails the test if an answer goes to a grading process (to sympy)."""
+    def sent(pairs, *args):
+        pytest.fail(f"sent to a grading process: {pairs}")
+
+    monkeypatch.setattr(reward, "_graded_by_workers", sent)
+
+
 @pytest.mark.parametrize("answer", ["10^{10^{10}}", "9^9^9", "2^{1000000000}", "100000!"])
-def test_explosive_answers_are_not_evaluated(answer):
-    start = time.perf_counter()
+def test_explosive_answers_are_not_evaluated(answer, no_sympy):
     assert grade(f"\\boxed{{{answer}}}", "1") == Grade(0.0, answer)
     assert grade(f"\\boxed{{{answer}}}", answer).score == 1.0  # string match still works
-    assert time.perf_counter() - start < 1.0
 
 
-def test_huge_response_reads_only_the_tail():
+def test_huge_response_reads_only_the_tail(monkeypatch, no_sympy):
+    searched = []
+    boxed = reward.last_boxed
+    monkeypatch.setattr(reward, "last_boxed", lambda text: searched.append(len(text)) or
+                        boxed(text))
     response = "x = 1. " * 200_000 + "\\boxed{17}"
-    start = time.perf_counter()
     assert grade(response, "17") == Grade(1.0, "17")
-    assert time.perf_counter() - start < 1.0
+    assert searched == [reward.TAIL_CHARS]
     assert extract_answer("\\boxed{99}" + " filler" * 2000) == ""  # beyond the tail
 
 

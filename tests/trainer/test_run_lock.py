@@ -68,7 +68,7 @@ def test_a_reused_pid_is_not_its_run_but_a_live_unlocked_holder_is(tmp_path):
     """Where flock did not stop it (a file system without it), a record naming a live
     process on this host still refuses; the same pid started at another time (reused by
     a later process) does not."""
-    sleeper = subprocess.Popen(["sleep", "60"])
+    sleeper = subprocess.Popen(["sleep", "3600"])  # alive for the test, killed after
     try:
         live = replace(Holder.me(), pid=sleeper.pid, process_start=_process_start(sleeper.pid))
         _plant(tmp_path / "live", live)
