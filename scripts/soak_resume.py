@@ -19,7 +19,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("startup", "rollout", "update", "save")
-TRACED = {"rollout": "rollout_phase", "update": "update_phase", "save": "save_phase"}
+TRACED = {"rollout": "rollout_phase", "reward": "reward_phase", "logprobs": "logprob_phase",
+          "update": "update_phase", "save": "save_phase"}
 RESUMED = re.compile(r"^resumed from (\S+) \(rollout (\d+), step \d+\)$", re.M)
 CHECKPOINT = re.compile(r"^rollout_(\d{6})$")
 # Run-to-run noise; every other metric of a resumed run equals the reference's.
@@ -49,18 +50,20 @@ class SoakFailure(RuntimeError):
 # ---------------------------------------------------------------- the traced child process
 
 
-def child(marks: str, target: str, delay: float, argv: list[str]) -> None:
+def child(marks: str, target: str, delay: float, argv: list[str],
+          signum: int = signal.SIGKILL) -> None:
     """train.main() with a line in `marks` as start-up and each traced phase start and
-    end (a write is a system call: every line before the kill is there), SIGKILLed
+    end (a write is a system call: every line before the kill is there), sent `signum`
     `delay` s into `target` ('startup', 'update 3', ...; 'end': never) by a timer thread
     armed as the target starts. From inside, the kill lands within a few ms of its mark;
-    an outside poller on a busy 2-core machine misses a 50 ms update phase."""
+    an outside poller on a busy 2-core machine misses a 50 ms update phase. (The stop
+    tests send SIGTERM this way.)"""
     out = open(marks, "a", buffering=1)
     out.write(f"{time.time():.6f} start startup 0\n")
 
     def arm(point: str) -> None:
         if point == target:
-            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            threading.Timer(delay, os.kill, (os.getpid(), signum)).start()
 
     arm("startup")
     sys.path.insert(0, str(REPO))
@@ -376,8 +379,10 @@ def summary(report: Report) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--child"]:  # MARKS TARGET DELAY -- train.py's arguments
-        child(argv[1], argv[2], float(argv[3]), argv[5:])
+    if argv[:1] == ["--child"]:  # MARKS TARGET DELAY [SIGNAL] -- train.py's arguments
+        split = argv.index("--")
+        signum = signal.Signals[argv[4]] if split == 5 else signal.SIGKILL
+        child(argv[1], argv[2], float(argv[3]), argv[split + 1:], signum)
         return 0
     parser = argparse.ArgumentParser(description=__doc__, epilog=HOW,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
