@@ -60,10 +60,12 @@ from minisparse.engine import RolloutBackend, make_backend
 from minisparse.models.flops import FlopShape, batch_forward_flops, flop_shape, mfu_metrics, peak_flops
 from minisparse.utils import distributed as dist
 from minisparse.utils.distributed import Max, Sum
+from minisparse.utils.peers import FINISHED
 from minisparse.utils.quiet import quiet_libraries
 # the machinery that trains a DeepSpeed policy
 from minisparse.trainer.batching import step_micro_batches
-from minisparse.trainer.checkpoint import CheckpointError, DiskFullError, resume, save_checkpoint
+from minisparse.trainer.checkpoint import (CheckpointError, DiskFullError, resume, rng_state,
+                                           save_checkpoint, set_rng_state)
 from minisparse.trainer.logger import MetricsLogger, reduce_metrics, summary_legend, summary_line
 from minisparse.trainer.logprobs import batch_logprobs, response_logprobs
 from minisparse.trainer.memory.choices import MemoryPlan
@@ -73,10 +75,10 @@ from minisparse.trainer.memory.report import comparison_line, plan_table
 from minisparse.trainer.policy import Reference, build_policy
 from minisparse.trainer.preflight import PreflightError, check_run
 from minisparse.trainer.report import (config_menu, end_report, finished_message,
-                                       interrupted_report, no_config_message, start_report,
-                                       stop_report, term_notice)
+                                       interrupted_report, no_config_message, peer_lost_report,
+                                       start_report, stop_report, term_notice)
 from minisparse.trainer.run_lock import RunLockError
-from minisparse.trainer.stop import NAMES, StopOnSignal
+from minisparse.trainer.stop import NAMES, Interrupted, StopOnSignal
 from minisparse.trainer.train_engine import build_train_engine
 from minisparse.trainer.update import LossFn, accumulate_and_step, rank_share
 # the algorithm: GRPO with the Sparse-RL corrections
@@ -132,6 +134,7 @@ class Run:
     eval_problems: dict | None = None  # benchmark name -> problems, read at setup
     start_rollout: int = 0  # rollouts already done (from a checkpoint)
     current_rollout: int = 0  # the rollout under way (0: none yet), for a stop's report
+    saved_rollout: int = 0  # the newest rollout a checkpoint of this run holds
     nonfinite_steps: int = 0
     data_metrics: dict[str, float] = field(default_factory=dict)  # rows read, left out
 
@@ -168,7 +171,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     """Process group, pre-flight checks, memory plan, policy (+ reference), DeepSpeed,
     data, engine, resume, logger."""
     os.environ.setdefault(*ALLOCATOR)
-    device = dist.init_distributed()
+    device = dist.init_distributed(cfg.dist.timeout_s, cfg.dist.peer_timeout_s)
     checked = check_run(cfg, dist.world_size(), resume_required)  # before any model loads
     reference = cfg.loss.kl_coef > 0  # the loss's KL term needs reference log-probs
     # also before any model loads: exits 2 if the settings cannot fit
@@ -186,6 +189,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     rows = load_prompts(cfg.data, tokenizer)
     sampler = PromptSampler(len(rows), cfg.rollout_batch_size, cfg.seed, dist.rank(),
                             dist.world_size(), shuffle=cfg.data.shuffle)
+    dist.barrier()  # DeepSpeed's first broadcast: every rank's model loaded, however long
     train_engine = build_train_engine(policy, cfg, cfg.num_rollout * cfg.num_steps_per_rollout,
                                       device, plan.zero_stage, plan.cpu_adam)
     start, nonfinite = resume(checked.resume_from, train_engine, sampler)
@@ -201,7 +205,7 @@ def setup(cfg: Config, resume_required: bool) -> Run:
                llm=llm, plan=plan, tokenizer=tokenizer, rows=rows, sampler=sampler,
                logger=logger, flops=flop_shape(policy),
                peak=peak_flops(cfg.log.peak_tflops, device),
-               eval_problems=checked.eval_problems, start_rollout=start,
+               eval_problems=checked.eval_problems, start_rollout=start, saved_rollout=start,
                nonfinite_steps=nonfinite, data_metrics=checked.left_out.metrics())
 
 
@@ -356,6 +360,7 @@ def save_phase(run: Run, rollout: int) -> None:
     try:
         save_checkpoint(run.cfg.output_dir, rollout, run.train_engine, run.tokenizer, state,
                         keep=run.cfg.save_total_limit)
+        run.saved_rollout = rollout
     except DiskFullError as exc:  # exit 1: training failed (2 is for inputs refused at start)
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
@@ -364,31 +369,38 @@ def save_phase(run: Run, rollout: int) -> None:
 # --------------------------------------------------------------------------------- loop
 
 
-def train(run: Run, signals: StopOnSignal) -> int | None:
-    """The rollouts left; None when all ran, else the rollout after which a SIGTERM
-    stopped the run (saved, so the same command resumes after it)."""
+@dataclass
+class Stopped:
+    """How a stop signal ended training: after rollout `done` (its update finished), or in
+    rollout `dropped` (thrown away before its update; done = dropped - 1)."""
+
+    signum: int
+    done: int
+    dropped: int | None = None
+
+
+def train(run: Run, signals: StopOnSignal) -> Stopped | None:
+    """The rollouts left; None when all ran, else how a stop signal ended them (the state
+    of the last completed update saved, so the same command resumes after it)."""
     cfg = run.cfg
     if cfg.eval_before_training and run.start_rollout == 0:
-        before_training_eval(run)
+        try:
+            with signals.droppable():
+                before_training_eval(run)
+        except Interrupted as stop:  # nothing trained yet: nothing to save
+            return Stopped(stop.signum, 0, dropped=0)
     rollouts = range(run.start_rollout + 1, cfg.num_rollout + 1)
     bar = _progress(rollouts, cfg.num_rollout, enabled=dist.rank() == 0 and sys.stdout.isatty())
     for rollout in bar:
         run.current_rollout = rollout
+        start = rollout_start(run)
         steps_done, started = run.train_engine.global_steps, time.perf_counter()
-        metrics: dict[str, float] = {}  # what each phase made, then its time and memory
-        with phase("swap_to_rollout", metrics, run.device):
-            run.swaps.to_rollout(run.llm)
-        with phase("rollout", metrics, run.device):
-            batch, made = rollout_phase(run, rollout)
-            metrics |= made
-        with phase("reward", metrics, run.device):
-            batch, made = reward_phase(run, batch)
-            metrics |= made
-        with phase("swap_to_train", metrics, run.device):
-            run.swaps.to_training(run.llm)
-        with phase("logprobs", metrics, run.device):
-            batch, made = logprob_phase(run, batch)
-            metrics |= made
+        try:
+            with signals.droppable():
+                batch, metrics = sample(run, rollout, signals)
+                signals.commit()  # past here the update runs on every rank
+        except Interrupted as stop:
+            return dropped(run, rollout, start, stop.signum, signals)
         with phase("update", metrics, run.device):
             metrics |= update_phase(run, batch)
         run.nonfinite_steps += int(metrics["train/nonfinite_steps"])
@@ -399,8 +411,7 @@ def train(run: Run, signals: StopOnSignal) -> int | None:
         metrics = reduce_metrics(metrics)
         metrics |= plan_errors(metrics)  # measured / planned peaks - 1
         if cfg.eval_interval and rollout % cfg.eval_interval == 0:
-            with phase("eval", metrics, run.device):
-                metrics |= eval_phase(run, rollout)
+            metrics |= eval_unless_stopped(run, rollout, signals)
         run.logger.log(rollout, metrics)
         if dist.rank() == 0:
             bar.write(summary_line(rollout, metrics, COLUMNS, cfg.num_rollout))
@@ -408,10 +419,13 @@ def train(run: Run, signals: StopOnSignal) -> int | None:
                 bar.write(line)
         stop = run.nonfinite_steps >= max(1, cfg.max_nonfinite_steps)
         signalled = signals.requested()
+        if signalled:
+            signals.stopping()
         if cfg.save_interval and (
             rollout % cfg.save_interval == 0 or rollout == cfg.num_rollout or stop or signalled
         ):
-            save_phase(run, rollout)
+            with signals.saving_now():
+                save_phase(run, rollout)
         if stop:
             raise RuntimeError(
                 f"stopping: {run.nonfinite_steps} optimizer steps had a non-finite loss or "
@@ -419,8 +433,61 @@ def train(run: Run, signals: StopOnSignal) -> int | None:
                 f"train/nonfinite_steps in {cfg.output_dir}/metrics.jsonl"
             )
         if signalled and rollout < cfg.num_rollout:
-            return rollout
+            return Stopped(signals.signum or signal.SIGTERM, rollout)
     return None
+
+
+def sample(run: Run, rollout: int, signals: StopOnSignal) -> tuple[RolloutBatch, dict]:
+    """A rollout up to its update: samples, rewards and log-probs, with their metrics. The
+    memory swaps are not cut by a stop (StopOnSignal.uncut)."""
+    metrics: dict[str, float] = {}  # what each phase made, then its time and memory
+    with phase("swap_to_rollout", metrics, run.device), signals.uncut():
+        run.swaps.to_rollout(run.llm)
+    with phase("rollout", metrics, run.device):
+        batch, made = rollout_phase(run, rollout)
+        metrics |= made
+    with phase("reward", metrics, run.device):
+        batch, made = reward_phase(run, batch)
+        metrics |= made
+    with phase("swap_to_train", metrics, run.device), signals.uncut():
+        run.swaps.to_training(run.llm)
+    with phase("logprobs", metrics, run.device):
+        batch, made = logprob_phase(run, batch)
+        metrics |= made
+    return batch, metrics
+
+
+def rollout_start(run: Run) -> dict[str, Any]:
+    """What a rollout changes before its update: the data position and the random state
+    (the weights and optimizer change in the update alone)."""
+    return {"sampler": run.sampler.state_dict(), "rng": rng_state()}
+
+
+def dropped(run: Run, rollout: int, start: dict[str, Any], signum: int,
+            signals: StopOnSignal) -> Stopped:
+    """A stop before rollout `rollout`'s update: back to the rollout's start, which is the
+    state after rollout - 1, saved unless a checkpoint holds it already (or none can)."""
+    run.sampler.load_state_dict(start["sampler"])
+    set_rng_state(start["rng"])
+    done = rollout - 1
+    if not run.cfg.save_interval or done <= run.saved_rollout:
+        return Stopped(signum, done, dropped=rollout)
+    with signals.saving_now():
+        run.swaps.back_to_training(run.llm)  # the optimizer state where a save expects it
+        save_phase(run, done)
+    return Stopped(signum, done, dropped=rollout)
+
+
+def eval_unless_stopped(run: Run, rollout: int, signals: StopOnSignal) -> dict[str, float]:
+    """eval_phase's metrics; none when a stop drops the evaluation (the update before it
+    is kept and saved)."""
+    metrics: dict[str, float] = {}
+    try:
+        with signals.droppable(), phase("eval", metrics, run.device):
+            metrics |= eval_phase(run, rollout)
+    except Interrupted:
+        return {}
+    return metrics
 
 
 def step_metrics(metrics: dict, seconds: float) -> dict[str, float]:
@@ -462,30 +529,54 @@ def main() -> None:
     started = time.perf_counter()
     # from here SIGTERM and Ctrl-C stop set-up at once; training: see trainer/stop.py
     signals = StopOnSignal(speak=first_process())
-    run = None
+    run: Run | None = None
+
+    def rollout() -> int | None:
+        return run.current_rollout if run is not None else None
+
+    # the lines of a run that cannot go on: a rank lost (dist.peer_timeout_s), or a stop
+    # that could not save in time; said from another thread, the process then ends
+    dist.on_peer_lost(lambda loss: dist.exit_now(
+        peer_lost_report(cfg, loss.who(), loss.why, rollout()), 1, dist.speaks_after(loss)))
+    signals.stuck_line = lambda signum, why: interrupted_report(cfg, NAMES[signum], rollout(),
+                                                                why)
+    left = FINISHED
     try:
         run = setup_and_report(cfg, args)
-        signals.training(term_notice(cfg))
+        signals.training(term_notice())
         stopped = train(run, signals)
         if dist.rank() == 0:
             minutes = (time.perf_counter() - started) / 60
-            print(end_report(cfg, minutes) if stopped is None
-                  else stop_report(cfg, stopped, minutes), flush=True)
+            print(end_report(cfg, minutes) if stopped is None else
+                  stop_report(cfg, NAMES[stopped.signum], stopped.done, stopped.dropped,
+                              minutes), flush=True)
+        if stopped is not None and stopped.signum != signal.SIGTERM:
+            raise SystemExit(128 + stopped.signum)  # a Ctrl-C: 130, as a shell reports one
     except RuleError as exc:  # the compression rule failed: one line naming it
         if cfg.log.verbose:
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr, flush=True)
+        left = f"stopped with an error ({exc})"
         raise SystemExit(1) from None
-    except BaseException:
-        if signals.interrupted is None:  # not a stop: the error as it is
-            raise
-        # Interrupted, or what a peer rank's stop did to a collective on this one
-        signum = signals.interrupted
+    except Interrupted as exc:  # set-up: nothing to save yet
         if signals.speak:
-            print(interrupted_report(cfg, NAMES[signum], run and run.current_rollout),
-                  flush=True)
-        raise SystemExit(128 + signum) from None
+            print(interrupted_report(cfg, NAMES[exc.signum], rollout()), flush=True)
+        raise SystemExit(128 + exc.signum) from None
+    except SystemExit as exc:  # said already; exit 2: the same input error on every rank
+        if exc.code not in (None, 0, 2) and not (isinstance(exc.code, int) and exc.code > 128):
+            left = f"stopped with an error (exit {exc.code}; its output says why)"
+        raise
+    except BaseException as exc:
+        if signals.signum is not None and dist.broken_collective(exc):  # a stop's doing
+            if signals.speak:
+                print(interrupted_report(cfg, NAMES[signals.signum], rollout(), "a collective "
+                                         "failed as the ranks stopped"), flush=True)
+            raise SystemExit(128 + signals.signum) from None
+        dist.blame_peer(exc)  # a collective a dead peer broke: its line instead, and exit
+        left = f"stopped with an error ({type(exc).__name__}: {str(exc)[:200]})"
+        raise
     finally:
+        dist.leave(left)
         signals.close()
         if run is not None:
             run.logger.close()

@@ -19,7 +19,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("startup", "rollout", "update", "save")
-TRACED = {"rollout": "rollout_phase", "update": "update_phase", "save": "save_phase"}
+TRACED = {"rollout": "rollout_phase", "reward": "reward_phase", "logprobs": "logprob_phase",
+          "update": "update_phase", "save": "save_phase"}
 RESUMED = re.compile(r"^resumed from (\S+) \(rollout (\d+), step \d+\)$", re.M)
 CHECKPOINT = re.compile(r"^rollout_(\d{6})$")
 # Run-to-run noise; every other metric of a resumed run equals the reference's.
@@ -51,27 +52,36 @@ class SoakFailure(RuntimeError):
 # ---------------------------------------------------------------- the traced child process
 
 
-def child(marks: str, target: str, delay: float, argv: list[str]) -> None:
+def child(marks: str, target: str, delay: float, argv: list[str],
+          signum: int = signal.SIGKILL) -> None:
     """train.main() with a line in `marks` as start-up and each traced phase start and
-    end (a write is a system call: every line before the kill is there), SIGKILLed
+    end (a write is a system call: every line before the kill is there), sent `signum`
     `delay` s into `target` ('startup', 'update 3', ...; 'end': never) by a timer thread
     armed as the target starts, or at the target's end when it is over sooner (the
     machine got faster, or less busy): every kill lands inside its target. From inside,
     the kill lands within a few ms of its mark; an outside poller on a busy 2-core
-    machine misses a 50 ms update phase."""
+    machine misses a 50 ms update phase. (The stop tests send SIGTERM this way.)"""
     out = open(marks, "a", buffering=1)
     out.write(f"{time.time():.6f} start startup 0\n")
 
-    def kill() -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
+    sent, lock = [], threading.Lock()  # one signal, whichever of timer and end comes first
+
+    def kill() -> bool:
+        with lock:
+            if sent:
+                return False
+            sent.append(1)
+        os.kill(os.getpid(), signum)
+        return True
 
     def arm(point: str) -> None:
         if point == target:
             threading.Timer(delay, kill).start()
 
     def over(point: str, rollout: int) -> None:
-        """`point` ends: the kill, if it aims there and its timer has not fired."""
-        if point == target:
+        """`point` ends: the kill, if it aims there and its timer has not fired (a
+        SIGTERM's run goes on after the signal: it must not get a second one here)."""
+        if point == target and not sent:
             out.write(f"{time.time():.6f} kill {point.split()[0]} {rollout}\n")
             kill()
 
@@ -396,8 +406,10 @@ def summary(report: Report) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--child"]:  # MARKS TARGET DELAY -- train.py's arguments
-        child(argv[1], argv[2], float(argv[3]), argv[5:])
+    if argv[:1] == ["--child"]:  # MARKS TARGET DELAY [SIGNAL] -- train.py's arguments
+        split = argv.index("--")
+        signum = signal.Signals[argv[4]] if split == 5 else signal.SIGKILL
+        child(argv[1], argv[2], float(argv[3]), argv[split + 1:], signum)
         return 0
     parser = argparse.ArgumentParser(description=__doc__, epilog=HOW,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -337,21 +337,22 @@ def test_in_training_eval_is_dense_unless_asked(tmp_path, _minisparse_cache, com
     assert all(int(n) <= 9 for q in questions for n in q[9:-2].split(" + "))
 
 
-def test_sigterm_stops_after_the_rollout_saved_and_the_command_resumes(
+def test_sigterm_stops_with_the_last_update_saved_and_the_command_resumes(
         tmp_path, _minisparse_cache):
-    """A SIGTERM (a time limit's, a scheduler's) ends the run after the rollout under way
-    with a checkpoint of it, though save_interval would not save until rollout 50: the
-    same command then resumes after it instead of starting over."""
+    """A SIGTERM (a time limit's, a scheduler's) ends the run within seconds with a
+    checkpoint of the last completed update, though save_interval would not save until
+    rollout 50: the same command then resumes after it instead of starting over. (A stop
+    in each phase: tests/test_train_stop.py.)"""
     out = tmp_path / "stopped"
     args = ["--set", "num_rollout=50", "--set", "save_interval=50"]
     res = _signalled_after(out, 1, signal.SIGTERM, *args, cache=_minisparse_cache)
     stdout, stderr = res.stdout, res.stderr
     assert res.returncode == 0, stderr[-3000:]
     done = len(_rows(out))
-    assert done == 1  # the signal came in rollout 1's end: it stopped after that one
-    assert f"stopped by SIGTERM after rollout {done} of 50" in stdout
-    assert ("SIGTERM received: the rollout under way finishes and is saved, then the run "
-            "stops (the same command resumes); send it again to stop at once\n") in stdout
+    assert done == 1  # the signal came as rollout 1's row was written
+    assert re.search(rf"\nstopped by SIGTERM (after rollout {done}|in rollout {done + 1}) of 50 "
+                     rf".*; saved: {re.escape(str(out))}/checkpoints/rollout_{done:06d} "
+                     rf"\(rollout {done}\); to continue from it: python train.py ", stdout)
     assert [p.name for p in complete_checkpoints(out)] == [f"rollout_{done:06d}"]
     again = _train(out, "--set", f"num_rollout={done + 1}", "--set", "save_interval=50",
                    cache=_minisparse_cache)
@@ -427,8 +428,8 @@ def test_ctrl_c_while_the_libraries_import_exits_130_without_a_traceback(tmp_pat
 
 def test_ctrl_c_in_training_names_the_checkpoint_and_the_command_that_resumes(
         tmp_path, _minisparse_cache):
-    """Ctrl-C stops at once, without a traceback, exit 130: one line names the newest
-    checkpoint and the command; that command, run again, resumes after it."""
+    """Ctrl-C stops within seconds, without a traceback, exit 130: one line names the
+    newest checkpoint and the command; that command, run again, resumes after it."""
     out = tmp_path / "ctrl_c"
     args = ["--set", "num_rollout=12", "--set", "save_interval=1"]
     res = _signalled_after(out, 2, signal.SIGINT, *args, cache=_minisparse_cache)
@@ -437,12 +438,12 @@ def test_ctrl_c_in_training_names_the_checkpoint_and_the_command_that_resumes(
     assert "Traceback" not in stderr + stdout
     newest = latest_checkpoint(out)
     done = int(newest.name.split("_")[1])
-    match = re.search(rf"\nstopped by Ctrl-C in rollout (\d+); saved: {re.escape(str(newest))} "
-                      rf"\(rollout {done}\); to continue from it: (python train.py .*)\n$",
-                      stdout)
+    match = re.search(rf"\nstopped by Ctrl-C (after rollout|in rollout) (\d+) of 12 .*; saved: "
+                      rf"{re.escape(str(newest))} \(rollout {done}\); to continue from it: "
+                      rf"(python train.py .*)\n$", stdout)
     assert match, stdout[-2000:]
-    assert int(match[1]) in (done, done + 1)
-    command = shlex.split(match[2])
+    assert int(match[2]) == (done if match[1] == "after rollout" else done + 1)
+    command = shlex.split(match[3])
     assert command[1:] == _cmd(out, *args)[1:]
     again = subprocess.run([sys.executable, *command[1:], "--resume"], cwd=REPO,
                            env=_env(_minisparse_cache), capture_output=True, text=True,
@@ -629,7 +630,7 @@ def test_a_second_run_in_the_same_folder_exits_2_naming_the_first(tmp_path, _min
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         assert first.poll() is None  # still training
-        first.send_signal(signal.SIGTERM)  # in training: the rollout finishes, saved
+        first.send_signal(signal.SIGTERM)  # in training: the last update saved, stopped
         stdout, stderr = first.communicate(timeout=600)
     finally:
         if first.poll() is None:

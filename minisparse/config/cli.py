@@ -13,6 +13,7 @@ from typing import NoReturn
 from minisparse.config.load import (dump_config, key_default, leaf_type, load_config,
                                     range_rules)
 from minisparse.config.schema import HELP, Config, ConfigError
+from minisparse.utils.torchrun import record_line
 
 # Flags named otherwise than the last part of their key.
 FLAG_NAMES = {"model.path": "model", "compress.algorithm": "compress",
@@ -47,9 +48,11 @@ def first_process() -> bool:
 def exit_with_error(message: str, code: int = 2) -> NoReturn:
     """One 'error: ...' line on stderr, then exit `code`. Under torchrun every process
     meets the same input error (each checks the same config and files, or takes rank 0's
-    verdict), so the first alone says it and the others exit with the same code quietly."""
+    verdict), so the first alone says it and the others exit with the same code quietly;
+    each records it for torchrun's failure report (utils/torchrun.py)."""
     if first_process():
         print(f"error: {message}", file=sys.stderr, flush=True)
+    record_line(f"error: {message}")
     raise SystemExit(code)
 
 

@@ -3,8 +3,8 @@ module share, so a key means the same thing in train.py, eval.py and the engine.
 
 Top-level keys are the slime-style run settings (num_rollout, rollout_batch_size, ...);
 sections group what belongs to one component (model, data, reward, compress, engine,
-optim, loss, eval, log). Each field's type carries its allowed values (Literal) or range
-(Rule; compress.algorithm's Rule is its form), and HELP says what a key means where a
+optim, loss, eval, log, dist). Each field's type carries its allowed values (Literal) or
+range (Rule; compress.algorithm's Rule is its form), and HELP says what a key means where a
 command-line flag sets it; load.py beside this reads, overrides and validates a Config;
 cli.py builds the flags from all three.
 """
@@ -320,6 +320,18 @@ class LogConfig:
 
 
 @dataclass
+class DistConfig:
+    # Seconds a collective (all-reduce, gather, barrier) may take once every rank has
+    # reached it: a rank done first waits for the others in torchrun's store, without this
+    # limit, for as long as their heartbeats come (utils/peers.py). Past it, the error.
+    timeout_s: Annotated[float, Rule("> 0", lambda v: v > 0)] = 600.0
+    # Seconds a rank may go without a heartbeat through the store before the others take
+    # it for dead or frozen (kill -9, kill -STOP, its node down or cut off), stop and say
+    # which rank it was, the newest checkpoint and the command that resumes.
+    peer_timeout_s: Annotated[float, Rule(">= 2", lambda v: v >= 2)] = 120.0
+
+
+@dataclass
 class Config:
     # Rollout shape (slime's constraint: rollout_batch_size * n_samples_per_prompt ==
     # global_batch_size * num_steps_per_rollout).
@@ -371,6 +383,7 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    dist: DistConfig = field(default_factory=DistConfig)  # under torchrun
 
 
 # What a key means, as the --help of the command-line flag that sets it says it (eval.py

@@ -25,6 +25,7 @@ from minisparse.data.left_out import (NO_LABEL, NO_PROMPT, NOT_FINITE, NOT_JSON,
                                       TOO_LONG, LeftOut, UnusableRow)
 from minisparse.data.sources import find_source
 from minisparse.data.synthetic import Difficulty, synthetic_rows
+from minisparse.utils.distributed import rank
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +281,7 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, stats: dict | None = None) -> 
         rows.append(PromptRow(prompt_text=text, prompt_ids=list(ids), label=label, index=index,
                               extra=extra))
     _require_rows(cfg, left_out)
-    if dropped:
+    if dropped and rank() == 0:  # every rank drops the same ones
         logger.warning("%s: dropped %d of %d prompts longer than max_prompt_len=%d tokens",
                        cfg.path, dropped, left_out.usable, cfg.max_prompt_len)
     if not rows:

@@ -122,47 +122,70 @@ def end_report(cfg: Config, minutes: float) -> str:
     return "\n".join(lines)
 
 
-def stop_report(cfg: Config, rollout: int, minutes: float) -> str:
-    """Said when a SIGTERM stopped the run between rollouts."""
-    saved = (f"checkpoint {latest_checkpoint(cfg.output_dir)} saved; the same command "
-             f"resumes from it" if cfg.save_interval else "nothing saved (save_interval 0)")
-    return (f"stopped by SIGTERM after rollout {rollout} of {cfg.num_rollout} "
-            f"({minutes:.1f} min); {saved}")
+def stop_report(cfg: Config, why: str, done: int, dropped: int | None,
+                minutes: float) -> str:
+    """Said when a stop signal ended training: after rollout `done`, or in rollout
+    `dropped` (thrown away before its update; `done` is the one before), with what is
+    saved and the command that continues."""
+    where = (f"after rollout {done} of {cfg.num_rollout}" if dropped is None else
+             f"in rollout {dropped} of {cfg.num_rollout} (dropped before its update; a "
+             f"resume redoes it)")
+    kept = resume_hint(cfg) if cfg.save_interval else "nothing saved (save_interval 0)"
+    return f"stopped by {why} {where} after {minutes:.1f} min; {kept}"
 
 
 def continue_command(cfg: Config, argv: list[str] | None = None) -> str:
     """The command line this process was started with, as the user would type it again
-    (torchrun's when under it): with resume=auto (the default) it resumes from the newest
-    checkpoint. A run started with resume=never gets resume=auto added, or it would start
-    over."""
+    (torchrun's when under it, with this node's --node_rank on several nodes): with
+    resume=auto (the default) it resumes from the newest checkpoint. A run started with
+    resume=never gets resume=auto added, or it would start over."""
     words = list(sys.argv if argv is None else argv)
     if cfg.resume == "never":
         words += ["--set", "resume=auto"]
     launcher = "python"
     if "LOCAL_WORLD_SIZE" in os.environ:  # set by torchrun for its workers
         launcher = f"torchrun --nproc_per_node {os.environ['LOCAL_WORLD_SIZE']}"
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+        if nodes > 1:
+            launcher = (f"torchrun --nnodes {nodes} --node_rank {os.environ['GROUP_RANK']} "
+                        f"--nproc_per_node {os.environ['LOCAL_WORLD_SIZE']} --master_addr "
+                        f"{os.environ['MASTER_ADDR']} --master_port {os.environ['MASTER_PORT']}")
     return f"{launcher} {shlex.join(words)}"
 
 
-def interrupted_report(cfg: Config, why: str, rollout: int | None) -> str:
-    """One line for a run stopped at once (Ctrl-C anywhere, SIGTERM during set-up): what
-    is saved and the command that continues."""
-    where = f"in rollout {rollout}" if rollout else "during set-up"
+def resume_hint(cfg: Config) -> str:
+    """The newest complete checkpoint and the command that continues from it."""
     newest = latest_checkpoint(cfg.output_dir)
     if newest is None:
-        return f"stopped by {why} {where}; nothing saved yet; to start again: " \
-               f"{continue_command(cfg)}"
+        return f"nothing saved yet; to start again: {continue_command(cfg)}"
     done = trainer_state(newest)["rollout"]
-    return (f"stopped by {why} {where}; saved: {newest} (rollout {done}); to continue "
-            f"from it: {continue_command(cfg)}")
+    return f"saved: {newest} (rollout {done}); to continue from it: {continue_command(cfg)}"
 
 
-def term_notice(cfg: Config) -> str:
-    """Said at once when a SIGTERM comes during training (the stop itself comes later)."""
-    then = ("finishes and is saved, then the run stops (the same command resumes)"
-            if cfg.save_interval else "finishes, then the run stops (save_interval 0: "
-            "nothing is saved)")
-    return f"SIGTERM received: the rollout under way {then}; send it again to stop at once"
+def where(rollout: int | None) -> str:
+    return f"in rollout {rollout}" if rollout else "during set-up"
+
+
+def interrupted_report(cfg: Config, why: str, rollout: int | None,
+                       unsaved: str | None = None) -> str:
+    """One line for a run a stop signal ended before it could save (during set-up, where
+    there is nothing to save, or `unsaved`: what kept it from saving): what is saved and
+    the command that continues."""
+    stopped = f"stopped by {why} {where(rollout)}"
+    if unsaved:
+        stopped += f" before it could save ({unsaved})"
+    return f"{stopped}; {resume_hint(cfg)}"
+
+
+def peer_lost_report(cfg: Config, who: str, why: str, rollout: int | None) -> str:
+    """One line for a run that stopped because another rank died, froze or failed."""
+    return f"error: {who} {why}; the run stopped {where(rollout)}; {resume_hint(cfg)}"
+
+
+def term_notice() -> str:
+    """Said at once when a stop signal comes during an update ({signal}: its name)."""
+    return ("{signal} received: the run stops once the update under way has finished; "
+            "send it again to stop at once")
 
 
 def finished_message(cfg: Config) -> str | None:

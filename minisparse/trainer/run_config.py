@@ -33,7 +33,7 @@ RESUMABLE_KEYS = frozenset({
     "zero_stage", "optimizer_offload", "model.gradient_checkpointing", "model.attention",
     "model.logprob_chunk", "model.liger_kernel", "reward.workers", "reward.timeout_s",
 })
-RESUMABLE_SECTIONS = ("eval.", "log.", "engine.")  # every key of these sections
+RESUMABLE_SECTIONS = ("eval.", "log.", "engine.", "dist.")  # every key of these sections
 SHOWN = 3  # differing settings named in the message; the rest are counted
 
 

@@ -10,7 +10,8 @@ from minisparse.trainer.checkpoint import MARKER
 from minisparse.trainer.run_config import record_config
 from minisparse.trainer.report import (cache_line, config_menu, end_report,
                                     finished_message, no_config_message, start_report,
-                                    continue_command, interrupted_report)
+                                    continue_command, interrupted_report, peer_lost_report,
+                                    stop_report)
 
 
 def _checkpoint(out, rollout):
@@ -164,3 +165,27 @@ def test_a_stop_names_what_is_saved_and_the_command_that_continues(tmp_path, mon
     assert continue_command(never).endswith(" --set resume=auto")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # a torchrun worker
     assert continue_command(cfg).startswith("torchrun --nproc_per_node 4 train.py --config")
+
+
+def test_a_stop_or_a_lost_rank_names_the_checkpoint_and_the_command(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr("sys.argv", ["train.py", "--config", "tiny_rkv"])
+    cfg = load_config("tiny_rkv", [f"output_dir={tmp_path}", "num_rollout=9"])
+    assert stop_report(cfg, "SIGTERM", 0, 1, 0.5) == (
+        "stopped by SIGTERM in rollout 1 of 9 (dropped before its update; a resume redoes "
+        "it) after 0.5 min; nothing saved yet; to start again: python train.py --config "
+        "tiny_rkv")
+    newest = _checkpoint(tmp_path, 4)
+    assert stop_report(cfg, "Ctrl-C", 4, None, 2.0) == (
+        f"stopped by Ctrl-C after rollout 4 of 9 after 2.0 min; saved: {newest} (rollout 4); "
+        f"to continue from it: python train.py --config tiny_rkv")
+    assert peer_lost_report(cfg, "rank 1 (b)", "went silent", 5) == (
+        f"error: rank 1 (b) went silent; the run stopped in rollout 5; saved: {newest} "
+        f"(rollout 4); to continue from it: python train.py --config tiny_rkv")
+    # a node of several under torchrun: its own node rank, the rendezvous address
+    for key, value in (("LOCAL_WORLD_SIZE", "8"), ("GROUP_WORLD_SIZE", "2"), ("GROUP_RANK", "1"),
+                       ("MASTER_ADDR", "node-a"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(key, value)
+    assert continue_command(cfg) == ("torchrun --nnodes 2 --node_rank 1 --nproc_per_node 8 "
+                                     "--master_addr node-a --master_port 29500 train.py "
+                                     "--config tiny_rkv")

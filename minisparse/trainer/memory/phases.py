@@ -184,6 +184,7 @@ class Swaps:
     def __init__(self, train_engine, device: torch.device, keep_state: bool) -> None:
         self.train_engine, self.device, self.keep_state = train_engine, device, keep_state
         self.offload = TrainingStateOffload(train_engine)
+        self.sampling_side = False  # the last swap went to the rollout
         module = train_engine.module
         self.merged = MergedWeights(module) if lora_enabled(module) else None
 
@@ -212,6 +213,12 @@ class Swaps:
         train_memory(self.offload, rollout_engine, self.device)
         if self.merged is not None:
             self.merged.release()
+        self.sampling_side = False
+
+    def back_to_training(self, rollout_engine) -> None:
+        """to_training, where a rollout stopped before it (a stop before its update)."""
+        if self.sampling_side:
+            self.to_training(rollout_engine)
 
     @contextmanager
     def sampling(self, rollout_engine) -> Iterator[None]:
