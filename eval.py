@@ -20,9 +20,15 @@ the checkpoint's paired difference from its base, problem by problem (docs/eval.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C while the libraries below import: one line, no traceback
+    from minisparse.utils.interrupt import stop_at_once
+
+    stop_at_once("eval.py: stopped by Ctrl-C while starting; nothing scored yet")
+
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +47,9 @@ from minisparse.evaluation.results import (ResultsMismatchError, finished_result
 from minisparse.evaluation.scores import format_table, sample_metrics, summarize
 from minisparse.trainer.checkpoint import latest_checkpoint
 from minisparse.trainer.run_config import run_config_path
+from minisparse.utils.heartbeat import heartbeat
+from minisparse.utils.interrupt import CTRL_C_EXIT, ready
+from minisparse.utils.user_code import UserCodeError, print_error
 
 if TYPE_CHECKING:  # the engine imports torch: loaded once a model is (--help stays quick)
     from minisparse.engine.backend import RolloutBackend
@@ -54,7 +63,8 @@ COMPRESS_KEYS = tuple(section_keys("compress"))
 # of the kind a run trained on (data.path synthetic), so a --config's data section counts.
 ARITHMETIC_KEYS = ("data.synthetic_max_operand", "data.synthetic_operators",
                    "data.synthetic_operations")
-RUN_KEYS = ("seed", *MODEL_KEYS, *ENGINE_FLAG_KEYS, *COMPRESS_KEYS, *ARITHMETIC_KEYS)
+RUN_KEYS = ("seed", "cpu_threads", *MODEL_KEYS, *ENGINE_FLAG_KEYS, *COMPRESS_KEYS,
+            *ARITHMETIC_KEYS)
 # eval.compress is for evaluation during training; here --compress and its flags decide.
 EVAL_KEYS = tuple(k for k in section_keys("eval") if k != "eval.compress")
 UNSET = "flags left out keep the --config's value, else the default shown here"
@@ -86,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(for evaluation during training) is not used")
     add_config_flags(g, EVAL_KEYS)
     g = p.add_argument_group("model, engine and seed", UNSET)
-    add_config_flags(g, ("seed", *MODEL_KEYS))
+    add_config_flags(g, ("seed", "cpu_threads", *MODEL_KEYS))
     g.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     add_config_flags(g, ENGINE_FLAG_KEYS)
     add_config_flags(p.add_argument_group("KV compression during generation", UNSET),
@@ -209,9 +219,10 @@ def score(cfg: Config, eval_cfg: EvalConfig, problems: dict, output: Path,
     from minisparse.models.loading import load_policy
 
     device = _device(args.device)
-    model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
-    check_prompt_template(tokenizer, eval_cfg.prompt_template)  # before the engine is built
-    engine = make_backend(cfg, model, tokenizer, device)
+    with heartbeat("load", enabled=args.progress):
+        model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
+        check_prompt_template(tokenizer, eval_cfg.prompt_template)  # before the engine
+        engine = make_backend(cfg, model, tokenizer, device)
     return evaluate(engine, tokenizer, eval_cfg, output, problems=problems,
                     settings=run_settings(cfg, eval_cfg.benchmarks), seed=cfg.seed,
                     reward=cfg.reward, overwrite=args.overwrite, progress=args.progress)
@@ -251,8 +262,10 @@ def evaluate(engine: RolloutBackend, tokenizer: Any, eval_cfg: EvalConfig,
         log(f"[{name}] {len(items)} problems x {n} samples, <= {max_new} new tokens")
         prompts = [problem_prompt_ids(tokenizer, p, eval_cfg.prompt_template) for p in items]
         params = SamplingParams.from_config(eval_cfg, n, max_new, seed)
-        records, timing = generate_and_grade(engine, tokenizer, items, prompts, params, reward,
-                                             progress, shard)
+        # a log file (no bar drawn) gets a line every half minute (utils/heartbeat.py)
+        with heartbeat(name, enabled=progress and shard.rank == 0):
+            records, timing = generate_and_grade(engine, tokenizer, items, prompts, params,
+                                                 reward, progress, shard)
         results[name] = {"n_samples": n, "max_new_tokens": max_new,
                          **sample_metrics(records, n), **timing}
         if output is not None and shard.rank == 0:
@@ -290,6 +303,10 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_libraries(cfg.log.verbose)
     check_backend(cfg)
+    if _device(args.device) == "cpu" or cfg.cpu_threads:
+        from minisparse.utils.threads import set_threads
+
+        print(set_threads(cfg.cpu_threads).line(), flush=True)
     summary = score(cfg, eval_cfg, problems, output, args)
     print(format_table(summary))
     print(f"results in {output.resolve()}")
@@ -303,6 +320,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def stopped_line(argv: list[str]) -> str:
+    """Said on Ctrl-C: benchmarks finished before it keep their results, and the same
+    command skips them."""
+    return (f"eval.py: stopped by Ctrl-C; benchmarks finished before it keep their results "
+            f"and the same command goes on with the rest: python eval.py {shlex.join(argv)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -310,7 +334,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, BenchmarkError, ResultsMismatchError, FileNotFoundError) as exc:
         print(f"eval.py: error: {exc}", file=sys.stderr)
         return 2
+    except UserCodeError as exc:  # the user's compression rule failed: one line naming it
+        print_error(exc, "eval.py: error")
+        return 1
+    except KeyboardInterrupt:
+        print(stopped_line(sys.argv[1:] if argv is None else argv), file=sys.stderr)
+        return CTRL_C_EXIT
 
 
 if __name__ == "__main__":
+    ready()  # from here Ctrl-C is KeyboardInterrupt, which main turns into one line
     sys.exit(main())

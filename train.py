@@ -29,16 +29,18 @@ micro-batch budgets, and stops with one line a run whose settings cannot fit.
 from __future__ import annotations
 
 import os
-import signal
 
 if __name__ == "__main__":  # Ctrl-C while the libraries below import (~2 s): no traceback
-    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
+    from minisparse.utils.interrupt import stop_at_once
+
+    stop_at_once("stopped by Ctrl-C while starting; nothing saved yet"
+                 if os.environ.get("RANK", "0") == "0" else "")
 
 import argparse
 import random
+import signal
 import sys
 import time
-import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,7 +53,6 @@ from minisparse.config.cli import (RawEpilogHelpFormatter, add_config_args, conf
                                    exit_with_error, first_process)
 from minisparse.config.load import check_training_config, config_to_dict
 from minisparse.config.schema import Config, ConfigError
-from minisparse.compression import RuleError
 from minisparse.compression.trigger import check_compression_reach
 from minisparse.data.benchmarks import BenchmarkError
 from minisparse.data.datasets import DataError, PromptRow, PromptSampler, load_prompts
@@ -62,6 +63,8 @@ from minisparse.utils import distributed as dist
 from minisparse.utils.distributed import Max, Sum
 from minisparse.utils.peers import FINISHED
 from minisparse.utils.quiet import quiet_libraries
+from minisparse.utils.threads import set_threads
+from minisparse.utils.user_code import UserCodeError, print_error
 # the machinery that trains a DeepSpeed policy
 from minisparse.trainer.batching import step_micro_batches
 from minisparse.trainer.checkpoint import (CheckpointError, DiskFullError, resume, rng_state,
@@ -71,7 +74,7 @@ from minisparse.trainer.logprobs import batch_logprobs, response_logprobs
 from minisparse.trainer.memory.choices import MemoryPlan
 from minisparse.trainer.memory.phases import Swaps, phase, rollout_weights
 from minisparse.trainer.memory.plan import plan_errors, plan_memory, plan_metrics
-from minisparse.trainer.memory.report import comparison_line, plan_table
+from minisparse.trainer.memory.report import comparison_line, cpu_memory_line, plan_table
 from minisparse.trainer.policy import Reference, build_policy
 from minisparse.trainer.preflight import PreflightError, check_run
 from minisparse.trainer.report import (config_menu, end_report, finished_message,
@@ -137,6 +140,7 @@ class Run:
     saved_rollout: int = 0  # the newest rollout a checkpoint of this run holds
     nonfinite_steps: int = 0
     data_metrics: dict[str, float] = field(default_factory=dict)  # rows read, left out
+    machine: list[str] = field(default_factory=list)  # CPU threads and memory, start lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,6 +176,8 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     data, engine, resume, logger."""
     os.environ.setdefault(*ALLOCATOR)
     device = dist.init_distributed(cfg.dist.timeout_s, cfg.dist.peer_timeout_s)
+    # torch's CPU threads: chosen on a CPU (or as cpu_threads says), before any work
+    threads = set_threads(cfg.cpu_threads) if device.type == "cpu" or cfg.cpu_threads else None
     checked = check_run(cfg, dist.world_size(), resume_required)  # before any model loads
     reference = cfg.loss.kl_coef > 0  # the loss's KL term needs reference log-probs
     # also before any model loads: exits 2 if the settings cannot fit
@@ -180,6 +186,9 @@ def setup(cfg: Config, resume_required: bool) -> Run:
         if plan.setup is not None:  # a CPU run plans nothing, and needs no word on it
             print(plan_table(plan), flush=True)
         plan.save(cfg.output_dir)
+    machine = [] if threads is None else [threads.line()]
+    if device.type == "cpu" and dist.rank() == 0:  # what a laptop must hold, said first
+        machine.append(cpu_memory_line(cfg, plan, dist.world_size(), reference))
     random.seed(cfg.seed + dist.rank())
     torch.manual_seed(cfg.seed + dist.rank())
 
@@ -206,7 +215,8 @@ def setup(cfg: Config, resume_required: bool) -> Run:
                logger=logger, flops=flop_shape(policy),
                peak=peak_flops(cfg.log.peak_tflops, device),
                eval_problems=checked.eval_problems, start_rollout=start, saved_rollout=start,
-               nonfinite_steps=nonfinite, data_metrics=checked.left_out.metrics())
+               nonfinite_steps=nonfinite, data_metrics=checked.left_out.metrics(),
+               machine=machine)
 
 
 # ------------------------------------------------------------------------------- phases
@@ -547,15 +557,13 @@ def main() -> None:
         stopped = train(run, signals)
         if dist.rank() == 0:
             minutes = (time.perf_counter() - started) / 60
-            print(end_report(cfg, minutes) if stopped is None else
+            print(end_report(cfg, minutes, run.start_rollout) if stopped is None else
                   stop_report(cfg, NAMES[stopped.signum], stopped.done, stopped.dropped,
                               minutes), flush=True)
         if stopped is not None and stopped.signum != signal.SIGTERM:
             raise SystemExit(128 + stopped.signum)  # a Ctrl-C: 130, as a shell reports one
-    except RuleError as exc:  # the compression rule failed: one line naming it
-        if cfg.log.verbose:
-            traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+    except UserCodeError as exc:  # the user's rule or reward failed: one line naming it
+        print_error(exc, verbose=cfg.log.verbose)
         left = f"stopped with an error ({exc})"
         raise SystemExit(1) from None
     except Interrupted as exc:  # set-up: nothing to save yet
@@ -595,7 +603,7 @@ def setup_and_report(cfg: Config, args: argparse.Namespace) -> Run:
         longest = max(len(r.prompt_ids) for r in run.rows)
         print(start_report(cfg, args.config, args.overrides, str(run.device),
                            dist.world_size(), run.start_rollout, longest,
-                           summary_legend(COLUMNS)), flush=True)
+                           summary_legend(COLUMNS), run.machine), flush=True)
     return run
 
 

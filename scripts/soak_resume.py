@@ -247,8 +247,11 @@ class Soak:
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         marks, log = logs / f"marks_{self.launches:03d}", logs / f"launch_{self.launches:03d}.log"
+        # every launch the same threads: float sums depend on them (utils/threads.py), and
+        # a resumed run must equal the reference row for row
         sets = [f"output_dir={run_dir}", f"num_rollout={self.rollouts}", "save_interval=1",
-                "save_total_limit=2", "resume=auto", "loss.entropy_coef=0.01", *self.extra]
+                "save_total_limit=2", "resume=auto", "loss.entropy_coef=0.01",
+                f"cpu_threads={len(os.sched_getaffinity(0))}", *self.extra]
         cmd = [sys.executable, __file__, "--child", str(marks), target, str(delay), "--",
                "--config", "tiny_rkv", *[arg for key in sets for arg in ("--set", key)]]
         with open(log, "w") as handle:

@@ -2,9 +2,15 @@
 the tiny model (built once per session) that many test modules load."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Runs compared row for row (a resumed run against a straight one) need the same torch
+# thread count: float sums depend on it, and a run left to choose (utils/threads.py)
+# follows the machine's load at its start. Every run here takes torch's own default.
+os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,4 +1,11 @@
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -7,6 +14,7 @@ from minisparse.config.schema import DataConfig
 from minisparse.data.datasets import load_prompts
 from minisparse.models.tiny import build_tokenizer
 
+REPO = Path(__file__).resolve().parents[1]
 ROWS = [
     {"question": "What is $3 + 4$?", "gt_answer": "7", "level": 3},
     {"question": "Simplify $\\frac{2}{4}$.", "gt_answer": "\\frac{1}{2}", "level": 4},
@@ -174,6 +182,7 @@ def test_what_the_hub_is_asked_for(tmp_path, monkeypatch, argv, repo, file):
         return datasets.Dataset.from_list(rows)
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr(download, "hub_unreachable", lambda: None)  # as if online
     assert download.main([*argv, "--out", str(tmp_path)]) == 0
     assert asked == [(repo, file, "train")]
 
@@ -185,12 +194,77 @@ def test_no_hub_names_the_way_round(tmp_path, monkeypatch, capsys):
         raise ConnectionError("Couldn't reach 'zhuzilin/aime-2024' on the Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.setattr(download, "hub_unreachable", lambda: None)  # reached, then failed
     assert download.main(["--dataset", "aime_2024", "--out", str(tmp_path)]) == 1
     assert capsys.readouterr().err == (
         "download error: Couldn't reach 'zhuzilin/aime-2024' on the Hub. Where the hub is "
         "out of reach, fetch the file elsewhere (hf download --repo-type dataset "
         "zhuzilin/aime-2024 --local-dir DIR) and pass --source DIR\n")
     assert not (tmp_path / "aime_2024.jsonl").exists()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+ELSEWHERE = ("fetch the file elsewhere (hf download --repo-type dataset zhuzilin/aime-2024 "
+             "--local-dir DIR) and pass --source DIR\n")
+
+
+def test_an_unreachable_hub_is_one_line_at_once(tmp_path, monkeypatch, capsys):
+    """Offline, the hub client retried five times (28 s of 'Retrying in 8s' lines) before
+    the line that says what to do."""
+    import datasets
+
+    def never(*args, **kwargs):
+        raise AssertionError("the hub client was asked")
+
+    monkeypatch.setattr(datasets, "load_dataset", never)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HF_HUB_OFFLINE",
+                 "HF_DATASETS_OFFLINE"):  # (the latter set by this file's fixture)
+        monkeypatch.delenv(name, raising=False)
+    port = _closed_port()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    assert download.main(["--dataset", "aime_2024", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (f"download error: the Hugging Face hub is out of reach "
+                                       f"(127.0.0.1:{port}: Connection refused): {ELSEWHERE}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert download.main(["--dataset", "aime_2024", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == ("download error: the Hugging Face hub is out of reach "
+                                       f"(HF_HUB_OFFLINE is set): {ELSEWHERE}")
+    assert not (tmp_path / "aime_2024.jsonl").exists()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")  # the client finds out
+    assert download.hub_unreachable() is None
+
+
+def test_ctrl_c_is_one_line_and_the_command_that_goes_on(tmp_path):
+    """Ctrl-C while the hub is asked (a server that never answers) printed a 35-69-line
+    KeyboardInterrupt traceback."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.settimeout(120)
+        env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{server.getsockname()[1]}",
+               "HF_HOME": str(tmp_path / "hf")}
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # (this file's fixture)
+            env.pop(name, None)
+        argv = ["--dataset", "aime_2024", "--out", str(tmp_path)]
+        proc = subprocess.Popen([sys.executable, "-m", "minisparse.download", *argv],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        held = [server.accept()[0] for _ in range(2)]  # the reach check, then the request
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        for conn in held:
+            conn.close()
+    assert proc.returncode == 130
+    assert stderr == ("download: stopped by Ctrl-C; nothing written; the same command goes "
+                      f"on: python -m minisparse.download {' '.join(argv)}\n")
+    assert stdout == "" and not (tmp_path / "aime_2024.jsonl").exists()
 
 
 @pytest.mark.parametrize("name", ["dapo_math_17k", "aime_2024"])

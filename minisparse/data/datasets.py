@@ -10,6 +10,7 @@ run with file:line: the settings, not the row, are wrong.
 """
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import math
@@ -52,6 +53,12 @@ def require_data_file(path: str) -> None:
     if path == "synthetic" or os.path.isfile(path):
         return
     hint, where = "", Path(path)
+    if where.is_dir():
+        found = sorted(p.name for p in where.glob("*.jsonl") if p.is_file())
+        inside = (f"; the .jsonl files in it: {', '.join(found[:5])}"
+                  f"{f' and {len(found) - 5} more' if len(found) > 5 else ''}" if found
+                  else "; it holds no .jsonl file")
+        raise DataError(f"data.path: {path} is a folder; give the JSONL file{inside}")
     if where.suffix == ".jsonl" and find_source(where.stem) is not None:
         hint = (f"; fetch it with: python -m minisparse.download --dataset {where.stem} "
                 f"--out {where.parent}/")
@@ -115,6 +122,8 @@ def _iter_records(path: str, limit: int) -> Iterator[tuple[str, Record]]:
         with open(path, "rb") as handle:
             for lineno, line in enumerate(_lines(handle, limit), start=1):
                 where = f"{path}:{lineno}"
+                if lineno == 1 and line and line.startswith(codecs.BOM_UTF8):
+                    line = line[len(codecs.BOM_UTF8):]  # a byte-order mark, not the row's
                 if line is None:
                     yield where, UnusableRow(f"{where}: the line is over {limit} bytes, the "
                                              f"bound for data.max_prompt_len", TOO_LONG)
@@ -271,19 +280,20 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, stats: dict | None = None) -> 
     tokenized. Prompts over max_prompt_len tokens are dropped and counted (logged, and put
     in `stats` when given, with the rows read and those left out)."""
     rows: list[PromptRow] = []
-    left_out, dropped = LeftOut(), 0
+    left_out, dropped, first = LeftOut(), 0, ""
     for index, where, record, prompt, label in _usable(cfg, left_out):
         text, ids = _render(prompt, cfg, tokenizer, where)
         if len(ids) > cfg.max_prompt_len:
-            dropped += 1
+            dropped, first = dropped + 1, first or where
             continue
         extra = {k: v for k, v in record.items() if k not in (cfg.input_key, cfg.label_key)}
         rows.append(PromptRow(prompt_text=text, prompt_ids=list(ids), label=label, index=index,
                               extra=extra))
     _require_rows(cfg, left_out)
     if dropped and rank() == 0:  # every rank drops the same ones
-        logger.warning("%s: dropped %d of %d prompts longer than max_prompt_len=%d tokens",
-                       cfg.path, dropped, left_out.usable, cfg.max_prompt_len)
+        logger.warning("%s: dropped %d of %d prompts longer than max_prompt_len=%d tokens "
+                       "(first: %s)", cfg.path, dropped, left_out.usable, cfg.max_prompt_len,
+                       first)
     if not rows:
         raise DataError(f"{cfg.path}: no usable prompts: all {dropped} usable rows are "
                         f"longer than max_prompt_len={cfg.max_prompt_len} tokens")

@@ -19,9 +19,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from minisparse.config.schema import ConfigError
+from minisparse.utils.user_code import UserCodeError, raised
 
 RewardFn = Callable[[str, str, dict], float]
 KEY = "reward.function"
+
+
+class RewardError(UserCodeError):
+    """The reward function raised or returned what is not a finite number: one line naming
+    it, the sample and where in the user's file."""
 
 
 @functools.cache
@@ -69,11 +75,11 @@ def call_reward_function(spec: str, responses: Sequence[str], labels: Sequence[s
         try:
             value = fn(response, label, meta)
         except Exception as exc:
-            raise RuntimeError(f"{KEY} '{spec}' raised on sample {i} (label {label!r:.40}): "
-                               f"{type(exc).__name__}: {exc}") from exc
+            raise RewardError(f"{KEY} '{spec}' raised on sample {i} (label {label!r:.40}): "
+                              f"{raised(exc)}") from exc
         if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise RuntimeError(f"{KEY} '{spec}' returned {value!r:.80} for sample {i}; "
-                               f"expected a finite number")
+            raise RewardError(f"{KEY} '{spec}' returned {value!r:.80} for sample {i}; "
+                              f"expected a finite number")
         rewards.append(float(value))
     n = max(len(rewards), 1)
     stats = {"accuracy": sum(r > 0.5 for r in rewards) / n,

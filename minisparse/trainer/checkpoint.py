@@ -1,12 +1,14 @@
 """Checkpoints: an HF directory that from_pretrained loads, plus everything to resume.
 
 Layout of output_dir/checkpoints/rollout_000010/:
-  hf/                  config.json, model.safetensors (16-bit weights), tokenizer files;
+  hf/                  config.json, model.safetensors (the weights in model.dtype),
+                       tokenizer files;
                        with LoRA (model.lora) the merged weights (W + scale * B A)
   adapter/             with LoRA only: the adapters in PEFT's format
                        (PeftModel.from_pretrained(base model, adapter/) loads them)
   ds/                  DeepSpeed state per rank: fp32 master weights, Adam moments,
-                       LR scheduler (under ZeRO 1/2 without a third copy of the weights)
+                       LR scheduler (under ZeRO 1/2 without a third copy of the weights;
+                       without ZeRO in float32 without the weights at all: hf/ has them)
   trainer_state.json   rollout, optimizer step, data position, non-finite step count
   rng_rank{r}.pt       python / torch (/ CUDA) RNG states of each rank (tensors and
                        tuples of ints only: read with weights_only=True)
@@ -112,12 +114,45 @@ def _masters_hold_weights(train_engine) -> bool:
     return train_engine.zero_optimization_stage() in (1, 2)
 
 
+def _hf_holds_weights(train_engine) -> bool:
+    """Without ZeRO in float32 (the CPU configs) the module's weights are the trained ones
+    themselves, and hf/ holds them bit for bit: ds/ need not hold them again (a 135M
+    model's checkpoint: 1.6 GB, not 2.2), resume reads them from hf/. Not under LoRA,
+    whose hf/ holds the merged weights."""
+    module = train_engine.module
+    return (train_engine.zero_optimization_stage() == 0 and not lora_enabled(module)
+            and all(p.dtype == torch.float32 for p in module.parameters()))
+
+
+def _weights_elsewhere(train_engine) -> bool:
+    """Whether ds/ leaves the module's parameters out (the masters or hf/ hold them)."""
+    return _masters_hold_weights(train_engine) or _hf_holds_weights(train_engine)
+
+
+def _load_hf_weights(folder: Path, module: torch.nn.Module) -> None:
+    """The module's parameters from hf/'s safetensors (_hf_holds_weights); every one must
+    be there (a tied LM head is its embedding)."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(file))
+    params = dict(module.named_parameters())
+    if missing := [name for name in params if name not in state]:
+        raise CheckpointError(f"{folder}: no weights for {missing[0]}"
+                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(state[name])
+
+
 @contextmanager
 def _module_weights_left_out(train_engine) -> Iterator[None]:
-    """DeepSpeed writes the module's 16-bit weights into ds/ next to the fp32 masters, a
-    third copy after hf/ (2 bytes per parameter of 16). Under ZeRO 1/2 leave parameters
-    out of that file (buffers stay); load_checkpoint rebuilds them from the masters."""
-    if not _masters_hold_weights(train_engine):
+    """DeepSpeed writes the module's weights into ds/ next to the optimizer state: under
+    ZeRO 1/2 a third copy after hf/ and the fp32 masters (2 bytes per parameter of 16),
+    without ZeRO in float32 a second copy of hf/ (4 of 16). Leave parameters out of that
+    file there (buffers stay); load_checkpoint rebuilds them from the masters or hf/."""
+    if not _weights_elsewhere(train_engine):
         yield
         return
     names = {n for n, _ in train_engine.module.named_parameters(remove_duplicate=False)}
@@ -377,6 +412,29 @@ def _name_incomplete(output_dir: str | Path, taken: Path | None, then: str) -> N
             print(f"checkpoint {_unfinished(path)}; {then}", flush=True)
 
 
+def saved_under_zero(path: Path) -> bool | None:
+    """Whether checkpoint `path`'s optimizer state is ZeRO's (1-3: a shard file per rank)
+    rather than whole in the model-state file (zero_stage 0); None: ds/ holds no
+    DeepSpeed state to tell by."""
+    ds = path / "ds" / TAG
+    if not any(ds.glob("*model_states.pt")):
+        return None
+    return any(ds.glob("*zero_pp_rank_*_optim_states.pt"))  # bf16_ too
+
+
+def zero_mismatch(path: Path, zero_stage: int | str) -> str | None:
+    """Why checkpoint `path` cannot continue under zero_stage (auto: ZeRO 1 or 2), or None:
+    ZeRO's optimizer shards and the whole state saved without ZeRO do not load into each
+    other (DeepSpeed would go on from the base model's weights without a word)."""
+    saved, wanted = saved_under_zero(path), zero_stage != 0
+    if saved is None or saved == wanted:
+        return None
+    how = "under ZeRO" if saved else "without ZeRO (zero_stage 0)"
+    return (f"checkpoint {path.name} was saved {how} and this run has zero_stage "
+            f"{zero_stage}: their optimizer states do not load into each other; resume with "
+            f"--set zero_stage={'auto' if saved else 0} or give a new output_dir")
+
+
 def check_pickles(path: Path, way_out: str = "resume from a checkpoint you trust or give "
                                              "a new output_dir") -> None:
     """Refuse checkpoint `path` when a file that resuming unpickles (the RNG states,
@@ -393,12 +451,12 @@ def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and this rank's RNG; returns trainer_state."""
     check_pickles(path)  # DeepSpeed unpickles its files with weights_only=False
     state = trainer_state(path)
-    masters = _masters_hold_weights(train_engine)
+    masters, hf = _masters_hold_weights(train_engine), _hf_holds_weights(train_engine)
     with deepspeed_state(path, state, train_engine) as ds_dir:  # resharded if need be
         load_path, _ = train_engine.load_checkpoint(
             str(ds_dir),
             tag=TAG,
-            load_module_strict=not masters,  # parameters left out (_module_weights_left_out)
+            load_module_strict=not (masters or hf),  # parameters left out of ds/
             load_optimizer_states=True,
             load_lr_scheduler_states=True,
         )
@@ -406,6 +464,8 @@ def load_checkpoint(path: Path, train_engine) -> dict[str, Any]:
         raise RuntimeError(f"DeepSpeed could not load the state in {path / 'ds'}")
     if masters:  # DeepSpeed restores the fp32 masters; round them into the module
         train_engine.optimizer.update_lp_params()
+    if hf:
+        _load_hf_weights(path / "hf", train_engine.module)
     rng_file = path / f"rng_rank{rank()}.pt"
     if rng_file.is_file():  # absent when resuming on more ranks than were saved
         set_rng_state(torch.load(rng_file, weights_only=True))

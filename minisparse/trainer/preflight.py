@@ -21,7 +21,7 @@ from minisparse.data.reward_plugin import load_reward_function
 from minisparse.engine import check_backend
 from minisparse.trainer.checkpoint import (CheckpointError, check_pickles, checkpoint_root,
                                            complete_checkpoints, remove_stale, trainer_state,
-                                           usable_checkpoint)
+                                           usable_checkpoint, zero_mismatch)
 from minisparse.utils.distributed import all_gather_object, rank
 from minisparse.trainer.report import continue_command
 from minisparse.trainer.run_config import record_config, settings_change
@@ -97,11 +97,14 @@ def check_world(cfg: Config, world: int) -> None:
 
 def check_reshard(cfg: Config, path: Path | None, world: int) -> None:
     """A checkpoint of another number of ranks continues, resharded (trainer/universal.py),
-    except under ZeRO 3: refused here, before any model loads."""
+    except under ZeRO 3; one saved under ZeRO continues under ZeRO only, one saved without
+    it only without: refused here, before any model loads."""
     if path is not None:
         if why := refusal(cfg.zero_stage, saved_world_size(trainer_state(path), world),
                           world):
             raise CheckpointError(f"checkpoint {path} {why}")
+        if why := zero_mismatch(path, cfg.zero_stage):
+            raise CheckpointError(why)
 
 
 def clear_stale(output_dir: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from minisparse.compression.policy import rule_class
@@ -68,8 +69,10 @@ def cache_line(cfg: Config, longest_prompt: int) -> str:
 
 
 def start_report(cfg: Config, config: str, overrides: list[str], device: str,
-                 processes: int, start_rollout: int, longest_prompt: int, legend: str) -> str:
-    """Lines printed once the run is set up, before its first rollout; the last, `legend`,
+                 processes: int, start_rollout: int, longest_prompt: int, legend: str,
+                 machine: Sequence[str] = ()) -> str:
+    """Lines printed once the run is set up, before its first rollout; `machine`: lines
+    after the device's (CPU threads, the expected memory peak); the last, `legend`,
     explains the per-rollout line's columns (logger.summary_legend)."""
     source = f"config: {config}"
     if overrides:
@@ -88,6 +91,7 @@ def start_report(cfg: Config, config: str, overrides: list[str], device: str,
         model_line(cfg),
         *lora_line(cfg),
         f"device: {device}, {processes} process{'es' if processes > 1 else ''}",
+        *machine,
         rollouts,
         cache_line(cfg, longest_prompt),
         f"outputs: {cfg.output_dir} (metrics.jsonl, "
@@ -104,10 +108,15 @@ def eval_command(output_dir: str) -> str:
     return f"python eval.py --run {output_dir}"
 
 
-def end_report(cfg: Config, minutes: float) -> str:
-    """Where the outputs are and how to look at them."""
+def end_report(cfg: Config, minutes: float, start_rollout: int = 0) -> str:
+    """What this process ran (rollouts after `start_rollout`, the checkpoint it resumed
+    from), in how long, where the outputs are and how to look at them."""
     out = Path(cfg.output_dir)
     rollouts = f"{cfg.num_rollout} rollout{'s' if cfg.num_rollout != 1 else ''}"
+    if start_rollout:
+        ran = cfg.num_rollout - start_rollout
+        rollouts = (f"rollouts {start_rollout + 1} to {cfg.num_rollout} ({ran} in this run, "
+                    f"resumed after rollout {start_rollout})")
     lines = [f"finished {rollouts} in {minutes:.1f} min; outputs in {out}/:",
              "  metrics.jsonl       one row per rollout"]
     if cfg.log.tensorboard:

@@ -32,6 +32,7 @@ RESUMABLE_KEYS = frozenset({
     "output_dir", "max_nonfinite_steps", "gpu_memory_gb", "max_tokens_per_gpu",
     "zero_stage", "optimizer_offload", "model.gradient_checkpointing", "model.attention",
     "model.logprob_chunk", "model.liger_kernel", "reward.workers", "reward.timeout_s",
+    "cpu_threads",
 })
 RESUMABLE_SECTIONS = ("eval.", "log.", "engine.", "dist.")  # every key of these sections
 SHOWN = 3  # differing settings named in the message; the rest are counted

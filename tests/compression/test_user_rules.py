@@ -167,12 +167,35 @@ def test_scores_that_cannot_be_ranked_name_the_rule_in_one_line(user_path):
         ("my_rules:OneShort", "OneShort.score_batch returned torch.float32 scores of shape "
                               "[1, 2, 39]; keys [1, 2, 40, 16] need floating-point scores "
                               "[B, H_kv, Lmax] = [1, 2, 40], one per cached key"),
-        ("my_rules:Raises", "Raises.score_batch raised KeyError: 'missing'"),
+        ("my_rules:Raises", f"Raises.score_batch raised KeyError: 'missing' (at "
+                            f"{_raising_line(user_path)})"),
     ]:
         policy = build_policy(CompressConfig(algorithm=spec, budget=16, window=4))
         with pytest.raises(RuleError) as info:
             policy.select_batch(keys[None], queries[None], lengths)
         assert str(info.value) == f"compress.algorithm={spec!r}: {message}"
+
+
+def _raising_line(rules_dir: Path) -> str:
+    """my_rules.py:LINE of Raises.score_batch's raise: where the user's own error is."""
+    path = rules_dir / "my_rules.py"
+    line = path.read_text().splitlines().index('        raise KeyError("missing")') + 1
+    return f"{path}:{line}"
+
+
+def test_a_rule_that_raises_names_its_file_and_line_in_train_and_eval(
+        rules_dir, user_path, tiny_path, tmp_path, _minisparse_cache, capsys):
+    """The user's own error, raised deep in the engine's compaction: train.py said it in
+    one line without the user's line, eval.py in a 61-line traceback."""
+    spec = "my_rules:Raises"
+    want = (f"compress.algorithm={spec!r}: Raises.score_batch raised KeyError: 'missing' "
+            f"(at {_raising_line(rules_dir)})")
+    res = _train(rules_dir, _minisparse_cache, f"compress.algorithm={spec}", "num_rollout=1",
+                 "save_interval=0", f"output_dir={tmp_path / 'out'}")
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == [f"error: {want}"]
+    assert eval_cli.main(_eval_args(tmp_path / "eval", "tiny", spec)) == 1
+    assert capsys.readouterr().err.splitlines() == [f"eval.py: error: {want}"]
 
 
 def test_a_rule_that_fails_in_training_stops_it_in_one_line(rules_dir, tmp_path,

@@ -73,6 +73,15 @@ def test_smollm2_configs_read_the_model_where_download_writes_it():
         assert load_config(name).model.path == f"checkpoints/{next(iter(MODELS))}"
 
 
+def test_cpu_quick_start_keeps_work_in_little_memory_and_disk():
+    """A Ctrl-C loses at most 3 rollouts, one checkpoint is kept, and without ZeRO in
+    float32 the state is weights, gradients and AdamW's moments only (docs/memory.md)."""
+    for name in ("smollm2_cpu", "smollm2_cpu_rkv"):
+        cfg = load_config(name)
+        assert (cfg.save_interval, cfg.save_total_limit) == (3, 1)
+        assert (cfg.zero_stage, cfg.max_tokens_per_gpu, cfg.cpu_threads) == (0, 512, 0)
+
+
 def test_cpu_quick_start_runs_in_float32_on_easy_sums():
     """bf16 matmuls are slower on most CPUs; sums of single digits are learnt in minutes."""
     for name, algorithm in (("smollm2_cpu", "none"), ("smollm2_cpu_rkv", "rkv")):
@@ -258,6 +267,34 @@ def test_yaml_file_errors(tmp_path):
         load_config(str(bad))
     with pytest.raises(ConfigError, match="available configs: .*tiny_rkv"):
         load_config("no_such_config")
+
+
+@pytest.mark.parametrize("text", ["", "# all comments\n", "{}\n"])
+def test_an_empty_config_file_is_refused(tmp_path, text):
+    """It was taken silently as every default: 100 rollouts of 128 x 8 x 4,096 tokens."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(str(empty))
+    assert str(info.value) == (
+        f"config {empty} sets nothing: it would run every default (100 rollouts of 128 "
+        f"prompts x 8 samples of up to 4096 tokens); set the keys you mean, or start from a "
+        f"shipped config with a line such as 'base: tiny_rkv'")
+    empty.write_text("base: tiny_rkv\n")  # a base alone is a config
+    assert load_config(str(empty)) == load_config("tiny_rkv")
+
+
+def test_a_home_folder_in_a_path_is_expanded(tmp_path, monkeypatch):
+    """YAML and --set pass ~ on as written; no file is named ~."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = load_config("tiny_rkv", ["data.path=~/d.jsonl", "output_dir=~/runs/a",
+                                   "model.path=~/models/m", "eval.data_dir=~/eval"])
+    assert (cfg.data.path, cfg.output_dir, cfg.model.path, cfg.eval.data_dir) == (
+        f"{tmp_path}/d.jsonl", f"{tmp_path}/runs/a", f"{tmp_path}/models/m", f"{tmp_path}/eval")
+    assert load_config("tiny_rkv", ["data.path=data/~x.jsonl"]).data.path == "data/~x.jsonl"
+    yaml_file = tmp_path / "mine.yaml"
+    yaml_file.write_text("base: tiny_rkv\ndata:\n  path: ~/d.jsonl\n")
+    assert load_config(str(yaml_file)).data.path == f"{tmp_path}/d.jsonl"
 
 
 def test_dump_roundtrip(tmp_path):

@@ -73,7 +73,8 @@ def test_long_prompts_dropped_and_counted(tmp_path, tok, caplog):
         kept = load_prompts(cfg, tok, stats=stats)
     assert [r.label for r in kept] == ["1", "3"] and [r.index for r in kept] == [0, 2]
     assert stats == {"rows": 3, "kept": 2, "left_out": 0, "dropped_too_long": 1}
-    assert "dropped 1 of 3 prompts longer than max_prompt_len=20" in caplog.text
+    assert (f"dropped 1 of 3 prompts longer than max_prompt_len=20 tokens (first: "
+            f"{cfg.path}:2)") in caplog.text
     with pytest.raises(DataError) as info:
         load_prompts(dataclasses.replace(cfg, max_prompt_len=1), tok)
     assert str(info.value) == (f"{cfg.path}: no usable prompts: all 3 usable rows are longer "
@@ -184,14 +185,40 @@ def test_unreadable_and_empty_files(tmp_path, tok):
         f"data.path: no such file: {known}; fetch it with: python -m minisparse.download "
         f"--dataset simplelr_qwen_level3to5 --out {tmp_path}/")
     (tmp_path / "folder.jsonl").mkdir()
-    with pytest.raises(DataError, match="no such file: .*folder.jsonl"):
+    with pytest.raises(DataError) as info:
         load_prompts(DataConfig(path=str(tmp_path / "folder.jsonl")), tok)
+    assert str(info.value) == (f"data.path: {tmp_path / 'folder.jsonl'} is a folder; give "
+                               f"the JSONL file; it holds no .jsonl file")
     (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00garbage\n")
     with pytest.raises(DataError, match=f"bin.jsonl: no usable rows: all 1 left out \\(1 "
                                         f"{NOT_UTF8}"):
         load_prompts(DataConfig(path=str(tmp_path / "bin.jsonl")), tok)
     with pytest.raises(DataError, match="no rows"):
         load_prompts(DataConfig(path=write_jsonl(tmp_path / "e.jsonl", ["", ""])), tok)
+
+
+def test_a_folder_as_data_path_names_the_files_in_it(tmp_path, tok):
+    """A directory said "no such file"; it is there, and the file wanted is in it."""
+    for name in ("train.jsonl", "test.jsonl", "notes.txt"):
+        (tmp_path / name).write_text("")
+    with pytest.raises(DataError) as info:
+        check_data(DataConfig(path=str(tmp_path)))
+    assert str(info.value) == (f"data.path: {tmp_path} is a folder; give the JSONL file; "
+                               f"the .jsonl files in it: test.jsonl, train.jsonl")
+
+
+def test_a_byte_order_mark_does_not_cost_the_first_row(tmp_path, tok):
+    """Editors on Windows start UTF-8 files with one; the first row was left out as not
+    valid JSON."""
+    rows = [{"prompt": "What is 1+1?", "label": "2"}, {"prompt": "What is 2+2?", "label": "4"}]
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    left_out = check_data(DataConfig(path=str(path)))
+    assert (left_out.rows, left_out.total) == (2, 0)
+    assert [r.label for r in load_prompts(DataConfig(path=str(path)), tok)] == ["2", "4"]
+    path.write_bytes(b'{"prompt": "x", "label": "1"}\n\xef\xbb\xbf{"prompt": "y", "label": 2}\n')
+    left_out = check_data(DataConfig(path=str(path)))  # past line 1 it is not a mark
+    assert left_out.counts == {NOT_JSON: 1} and left_out.first[NOT_JSON] == f"{path}:2"
 
 
 def test_bytes_that_are_not_utf8_are_named_with_their_line(tmp_path, tok):

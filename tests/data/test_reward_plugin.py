@@ -1,5 +1,6 @@
 """reward.function: a user's reward callable, checked before any model loads and called
 with (response, label, metadata) per sample."""
+import sys
 import textwrap
 
 import pytest
@@ -8,10 +9,11 @@ import torch
 from minisparse.config.load import load_config
 from minisparse.config.schema import ConfigError, RewardConfig
 from minisparse.data.datasets import PromptRow
-from minisparse.data.reward_plugin import load_reward_function
+from minisparse.data.reward_plugin import RewardError, load_reward_function
 from minisparse.engine.sequence import SampleOutput
 from minisparse.trainer.preflight import check_run
 from minisparse.grpo.rollout import build_batch, score_batch
+from minisparse.utils.user_code import UserCodeError
 
 PLUGIN = """
 seen = []
@@ -118,7 +120,18 @@ def test_a_bad_plugin_is_refused_before_any_model_loads(plugin, tmp_path, spec, 
 ])
 def test_a_plugin_failing_at_run_time_stops_naming_the_sample(plugin, name, message):
     batch = build_batch([_output(0, 0, "x")], [PromptRow("p", [7], "2", index=0)])
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(RewardError) as info:
         score_batch(batch, CharTokenizer(), RewardConfig(function=f"my_rewards:{name}"))
     assert message in str(info.value)
     assert batch.rewards is None
+
+
+def test_an_exception_names_the_line_of_the_users_file(plugin):
+    """train.py prints a UserCodeError as its one line; the user's line is in it."""
+    batch = build_batch([_output(0, 0, "x")], [PromptRow("p", [7], "2", index=0)])
+    with pytest.raises(UserCodeError) as info:
+        score_batch(batch, CharTokenizer(), RewardConfig(function="my_rewards:raises"))
+    line = PLUGIN.splitlines().index('    raise KeyError("tests")') + 1
+    where = sys.modules["my_rewards"].__file__  # (an earlier test's copy stays imported)
+    assert str(info.value) == (f"reward.function 'my_rewards:raises' raised on sample 0 "
+                               f"(label '2'): KeyError: 'tests' (at {where}:{line})")

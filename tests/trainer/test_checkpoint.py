@@ -77,3 +77,28 @@ def test_rng_state_roundtrip():
     torch.rand(5)
     set_rng_state(state)
     assert torch.equal(torch.rand(3), a)
+
+
+def test_zero_and_no_zero_checkpoints_resume_only_as_they_were_saved(tmp_path):
+    """A resume across that line loaded nothing of the weights without a word."""
+    from minisparse.trainer.checkpoint import saved_under_zero, zero_mismatch
+
+    path = _ckpt(tmp_path, "rollout_000003")
+    assert saved_under_zero(path) is None and zero_mismatch(path, 2) is None  # nothing to tell
+    ds = path / "ds" / "state"
+    ds.mkdir(parents=True)
+    (ds / "mp_rank_00_model_states.pt").write_bytes(b"")
+    assert saved_under_zero(path) is False
+    assert zero_mismatch(path, 0) is None
+    for stage in (2, "auto"):
+        assert zero_mismatch(path, stage) == (
+            f"checkpoint rollout_000003 was saved without ZeRO (zero_stage 0) and this run "
+            f"has zero_stage {stage}: their optimizer states do not load into each other; "
+            f"resume with --set zero_stage=0 or give a new output_dir")
+    (ds / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")
+    assert saved_under_zero(path) is True
+    assert zero_mismatch(path, 1) is None and zero_mismatch(path, "auto") is None
+    assert zero_mismatch(path, 0) == (
+        "checkpoint rollout_000003 was saved under ZeRO and this run has zero_stage 0: their "
+        "optimizer states do not load into each other; resume with --set zero_stage=auto or "
+        "give a new output_dir")

@@ -44,6 +44,15 @@ def test_start_names_config_model_device_rollouts_cache_and_outputs():
     assert lines[6:] == LEGEND.splitlines()
 
 
+def test_a_cpu_run_says_its_threads_and_memory_after_the_device():
+    cfg = load_config("tiny_rkv")
+    machine = ["threads: 1 (2 physical cores, 1.0 busy with other work); change with ...",
+               "memory: about 0.5 GiB resident at its peak, in the rollout (...)"]
+    lines = start_report(cfg, "tiny_rkv", [], "cpu", 1, 0, 30, LEGEND, machine).splitlines()
+    assert lines[2:5] == ["device: cpu, 1 process", *machine]
+    assert lines[5].startswith("rollouts: 3, 1 to 3")
+
+
 def test_random_weights_under_a_reward_of_your_own_promise_no_zero():
     """A reward.function may pay random text (test_train.py's parity reward does)."""
     for path in ("tiny", "qwen2.5-3b"):
@@ -82,6 +91,11 @@ def test_end_names_outputs_newest_model_and_plot_command(tmp_path):
     assert text.splitlines()[0] == f"finished 3 rollouts in 0.5 min; outputs in {out}/:"
     one = load_config("tiny_rkv", [f"output_dir={out}", "num_rollout=1"])
     assert end_report(one, 0.5).startswith("finished 1 rollout in 0.5 min")
+    # after a resume: what this process ran, not the run's total (8 of 12 in 13.7 min)
+    twelve = load_config("tiny_rkv", [f"output_dir={out}", "num_rollout=12"])
+    assert end_report(twelve, 13.7, start_rollout=4).splitlines()[0] == (
+        f"finished rollouts 5 to 12 (8 in this run, resumed after rollout 4) in 13.7 min; "
+        f"outputs in {out}/:")
     assert f"tensorboard --logdir {out / 'tensorboard'}" in text
     assert f"  {(newest / 'hf').relative_to(out)}/  the trained model" in text
     assert text.splitlines()[-2].startswith(f"plot: python -m minisparse.plot {out}")

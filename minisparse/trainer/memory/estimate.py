@@ -415,3 +415,27 @@ def kv_tokens(s: Setup, capacity: int, keep_state: bool = False) -> int:
 def rollout_kv_need(s: Setup) -> int:
     """KV tokens a rollout's sequences hold at most, all at once."""
     return s.rollout_sequences * s.rollout_cache
+
+
+# ---------------------------------------------------------------------------- on a CPU
+# A CPU run's process holds, besides what the phases' estimates count: the libraries
+# once imported (torch, transformers, DeepSpeed, the tokenizer: 0.6 GiB measured with
+# the tiny model) and what the C allocator keeps of freed activations of varying sizes
+# (glibc returns little of it): the estimates + 20% gave SmolLM2-135M's 4.1 GiB, where
+# 4.1-4.3 GiB were measured (docs/memory.md, "On a CPU").
+CPU_LIBRARIES = int(0.6 * GIB)
+CPU_ALLOCATOR = 0.2
+
+
+def cpu_peak(s: Setup, checkpointed: int, pool: int) -> tuple[int, str]:
+    """(peak resident bytes, the phase it falls in) of a run on a CPU, where one memory
+    holds every phase: the training state stays through rollouts, and the engine's KV
+    pool (`pool` bytes) is held during rollouts only; `checkpointed` decoder layers
+    under gradient checkpointing."""
+    tokens = s.worst_tokens
+    rollout = (rollout_resident(s) + (0 if s.zero_stage == 0 else optimizer_state(s))
+               + pool + 16 * s.max_num_seqs * s.shape.vocab)
+    phases = {"rollout": rollout, "log-prob passes": logprob_peak(s, tokens),
+              "update": update_peak(s, tokens, checkpointed, offload=False)}
+    name = max(phases, key=phases.get)
+    return CPU_LIBRARIES + int(phases[name] * (1 + CPU_ALLOCATOR)), name

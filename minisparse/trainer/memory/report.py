@@ -10,8 +10,9 @@ from dataclasses import replace
 from minisparse.config.schema import Config
 from minisparse.trainer.memory.choices import (HEADROOM, OPTIONS, PHASES, MemoryPlan, allowed,
                                                allowed_options, best_peak, largest, round_down)
-from minisparse.trainer.memory.estimate import (GIB, Setup, host_memory, kv_pool, kv_tokens,
-                                                rollout_resident, step_peak, training_state)
+from minisparse.trainer.memory.estimate import (GIB, Setup, cpu_peak, host_memory, kv_pool,
+                                                kv_tokens, rollout_resident, setup_of,
+                                                shape_of, step_peak, training_state)
 
 
 def gib(n: int) -> str:
@@ -203,3 +204,28 @@ def _step_error(cfg: Config, s: Setup, usable: int) -> str:
             f"(weights, fp32 master weights, AdamW moments, gradients); "
             + ("set optimizer_offload=cpu_adam (the step on the CPU) or " if cpu else "")
             + "use more GPUs")
+
+
+# What lowers a CPU run's peak, by the phase it falls in.
+LOWER = {"update": "a smaller max_tokens_per_gpu or model.gradient_checkpointing=true",
+         "log-prob passes": "a smaller max_tokens_per_gpu",
+         "rollout": "a smaller engine.kv_cpu_memory_gb"}
+
+
+def cpu_memory_line(cfg: Config, plan: MemoryPlan, world: int, reference: bool) -> str:
+    """A CPU run's start line: the resident memory it is expected to peak at (estimate.py's
+    cpu_peak), where, and what lowers it."""
+    import torch
+
+    from minisparse.engine.kv_pool import pool_bytes
+    from minisparse.models.loading import model_config
+
+    s = setup_of(cfg, shape_of(model_config(cfg.model.path)), world, liger=False,
+                 reference=reference)
+    checkpointed = plan.checkpointed_layers or (s.shape.layers if plan.gradient_checkpointing
+                                                else 0)
+    peak, phase = cpu_peak(s, checkpointed, pool_bytes(cfg.engine, torch.device("cpu")))
+    each = " a process" if world > 1 else ""
+    lower = LOWER["log-prob passes" if phase == "update" and checkpointed else phase]
+    return (f"memory: about {gib(peak)} GiB resident at its peak{each}, in the {phase} "
+            f"({lower} lowers it)")

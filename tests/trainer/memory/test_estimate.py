@@ -1,5 +1,7 @@
 """What each phase needs (trainer/memory/estimate.py): activation sizes against what
 autograd really saves, and the sizes of Qwen2.5-3B and 7B computed by hand."""
+import re
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
@@ -10,9 +12,13 @@ from minisparse.models.checkpointing import checkpoint_layers, checkpointed_coun
 from minisparse.models.liger import liger_available, use_liger_kernel
 from minisparse.models.loading import shape_config
 from minisparse.config.load import load_config
-from minisparse.trainer.memory.estimate import (GIB, activations, backward_peak, first_flush_share,
-                                               gradient_buckets, per_token_layer, setup_of,
-                                               shape_of, step_peak)
+from minisparse.engine.kv_pool import pool_bytes
+from minisparse.trainer.memory.estimate import (CPU_ALLOCATOR, CPU_LIBRARIES, GIB, ModelShape,
+                                                activations, backward_peak, cpu_peak,
+                                                first_flush_share, gradient_buckets,
+                                                per_token_layer, setup_of, shape_of, step_peak)
+from minisparse.trainer.memory.plan import not_planned
+from minisparse.trainer.memory.report import cpu_memory_line
 
 
 SMALL = dict(vocab_size=512, hidden_size=256, intermediate_size=704, num_attention_heads=8,
@@ -151,3 +157,49 @@ def test_qwen7b_on_two_gpus_by_hand():
     # a tied head (Qwen2.5-3B) comes last: 5e8 / (36 x 77,070,336) of the layers are done
     _, s3 = zero2_setup(shape_of(shape_config("qwen2.5-3b")))
     assert round(first_flush_share(s3), 4) == 0.1802
+
+
+# SmolLM2-135M-Instruct's shape (its config.json): tied embeddings, 134,515,008 parameters.
+SMOLLM2 = ModelShape(hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64,
+                     intermediate=1536, vocab=49152, params=134_515_008)
+
+
+def test_the_cpu_quick_starts_peak_by_hand():
+    """smollm2_cpu: float32 without ZeRO, 512-token micro-batches. Weights 4P = 538,060,032,
+    AdamW's moments 8P = 1,076,120,064, gradients 4P = 538,060,032; activations 512 tokens
+    x 30 layers x 44,588 bytes (4(4H + 2Hq + 2Hkv + 4I) + 8H + 4(heads + 2)) =
+    684,871,680; the fused LM head's backward 4TH + 8VH + 4TV = 328,335,360. The update's
+    3,165,447,168 bytes, + 20% for the allocator and 0.6 GiB of libraries: 4.14 GiB
+    (4.1-4.3 GiB measured, docs/memory.md)."""
+    cfg = load_config("smollm2_cpu")
+    s = setup_of(cfg, SMOLLM2, 1, liger=False, reference=False)
+    assert (s.zero_stage, s.worst_tokens) == (0, 512)
+    pool = pool_bytes(cfg.engine, torch.device("cpu"))
+    assert pool == int(0.8 * 0.5 * GIB)
+    peak, phase = cpu_peak(s, 0, pool)
+    assert phase == "update"
+    assert peak == CPU_LIBRARIES + int(3_165_447_168 * (1 + CPU_ALLOCATOR))
+    assert round(peak / GIB, 2) == 4.14
+    # the settings it had: ZeRO 2 (fp32 masters, gradient partition and bucket) and
+    # 2,048-token micro-batches (7.83 GiB measured)
+    before = setup_of(load_config("smollm2_cpu", ["zero_stage=2", "max_tokens_per_gpu=2048"]),
+                      SMOLLM2, 1, liger=False, reference=False)
+    assert cpu_peak(before, 0, pool)[0] > 1.6 * peak
+    # every layer checkpointed: one layer's activations and each layer's input instead
+    assert cpu_peak(s, 30, pool)[0] < peak
+
+
+def test_a_cpu_run_names_its_peak_phase_and_what_lowers_it():
+    cfg = load_config("tiny_rkv", ["model.path=qwen2.5-1.5b"])
+    line = cpu_memory_line(cfg, not_planned(cfg), 1, reference=True)
+    assert re.fullmatch(r"memory: about \d+\.\d GiB resident at its peak, in the update \(a "
+                        r"smaller max_tokens_per_gpu or model.gradient_checkpointing=true "
+                        r"lowers it\)", line), line
+    checkpointed = load_config("tiny_rkv", ["model.path=qwen2.5-1.5b",
+                                            "model.gradient_checkpointing=true"])
+    assert cpu_memory_line(checkpointed, not_planned(checkpointed), 1, True).endswith(
+        "in the update (a smaller max_tokens_per_gpu lowers it)")
+    tiny = load_config("tiny_rkv", ["engine.kv_cpu_memory_gb=4"])
+    assert cpu_memory_line(tiny, not_planned(tiny), 2, True).endswith(
+        "resident at its peak a process, in the rollout (a smaller engine.kv_cpu_memory_gb "
+        "lowers it)")
