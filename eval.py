@@ -214,7 +214,7 @@ def output_folder(args: argparse.Namespace, name: str) -> Path:
 
 def score(cfg: Config, eval_cfg: EvalConfig, problems: dict, output: Path,
           args: argparse.Namespace) -> dict:
-    """Load cfg.model.path, build its engine and evaluate it into `output`: the summary."""
+    """Load cfg.model.path, build its rollout backend and evaluate it into `output`: the summary."""
     from minisparse.engine import make_backend
     from minisparse.models.loading import load_policy
 
@@ -222,13 +222,13 @@ def score(cfg: Config, eval_cfg: EvalConfig, problems: dict, output: Path,
     with heartbeat("load", enabled=args.progress):
         model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
         check_prompt_template(tokenizer, eval_cfg.prompt_template)  # before the engine
-        engine = make_backend(cfg, model, tokenizer, device)
-    return evaluate(engine, tokenizer, eval_cfg, output, problems=problems,
+        llm = make_backend(cfg, model, tokenizer, device)
+    return evaluate(llm, tokenizer, eval_cfg, output, problems=problems,
                     settings=run_settings(cfg, eval_cfg.benchmarks), seed=cfg.seed,
                     reward=cfg.reward, overwrite=args.overwrite, progress=args.progress)
 
 
-def evaluate(engine: RolloutBackend, tokenizer: Any, eval_cfg: EvalConfig,
+def evaluate(llm: RolloutBackend, tokenizer: Any, eval_cfg: EvalConfig,
              output: Path | None = None, *, problems: dict[str, list[Problem]],
              settings: dict | None = None, seed: int | None = None,
              reward: RewardConfig | None = None, overwrite: bool = False,
@@ -264,7 +264,7 @@ def evaluate(engine: RolloutBackend, tokenizer: Any, eval_cfg: EvalConfig,
         params = SamplingParams.from_config(eval_cfg, n, max_new, seed)
         # a log file (no bar drawn) gets a line every half minute (utils/heartbeat.py)
         with heartbeat(name, enabled=progress and shard.rank == 0):
-            records, timing = generate_and_grade(engine, tokenizer, items, prompts, params,
+            records, timing = generate_and_grade(llm, tokenizer, items, prompts, params,
                                                  reward, progress, shard)
         results[name] = {"n_samples": n, "max_new_tokens": max_new,
                          **sample_metrics(records, n), **timing}

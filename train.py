@@ -279,12 +279,12 @@ def logprob_phase(run: Run, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str
 def update_phase(run: Run, batch: RolloutBatch) -> dict[str, float]:
     """num_steps_per_rollout optimizer steps; the per-step metrics averaged, the optimizer
     steps' seconds summed, skipped (non-finite) steps counted."""
-    cfg, engine = run.cfg, run.train_engine
-    engine.module.train()
+    cfg, train_engine = run.cfg, run.train_engine
+    train_engine.module.train()
     offload = run.swaps.offload if run.plan.optimizer_offload else None  # (memory plan)
     lengths = [len(p) + len(r) for p, r in zip(batch.prompts, batch.responses)]
-    steps = [accumulate_and_step(engine, micro_batches, grpo_loss_fn(run, batch, micro_batches),
-                                 offload)
+    steps = [accumulate_and_step(train_engine, micro_batches,
+                                 grpo_loss_fn(run, batch, micro_batches), offload)
              for micro_batches in step_micro_batches(lengths, cfg.num_steps_per_rollout,
                                                      cfg.max_tokens_per_gpu)]
     metrics = {key: mean(s[key] for s in steps) for key in steps[0]
@@ -292,7 +292,7 @@ def update_phase(run: Run, batch: RolloutBatch) -> dict[str, float]:
     return metrics | {
         "time/optimizer_step_s": sum(s["time/optimizer_step_s"] for s in steps),
         "train/nonfinite_steps": Sum(sum(s["train/step_skipped"] for s in steps)),
-        "train/step": float(engine.global_steps),
+        "train/step": float(train_engine.global_steps),
     }
 
 
@@ -331,17 +331,18 @@ def perf_metrics(run: Run, batch: RolloutBatch, metrics: dict) -> dict[str, floa
 
 
 def eval_phase(run: Run, rollout: int) -> dict[str, float]:
-    """Benchmarks of cfg.eval with the current weights, each split over all ranks (eval.py's
-    loop); with a dense cache unless eval.compress. The training state leaves the GPU for
-    it even where the plan keeps it there for rollouts, so the pool (sized now) gets all
-    the room; the next swap to training brings it back."""
+    """Benchmarks of cfg.eval with the current weights, each split over all ranks (the
+    evaluation loop eval.py runs too); with a dense cache unless eval.compress. The
+    training state leaves the GPU for it even where the plan keeps it there for rollouts,
+    so the pool (sized now) gets all the room; the next swap to training brings it back."""
     run.swaps.to_rollout(run.llm, keep_state=False)
     cache = nullcontext() if run.cfg.eval.compress else run.llm.dense()
     with run.swaps.sampling(run.llm), cache:
         summary = evaluate(run.llm, run.tokenizer, run.cfg.eval,
                            Path(run.cfg.output_dir) / "eval" / f"rollout_{rollout:06d}",
-                           problems=run.eval_problems, seed=run.cfg.seed, reward=run.cfg.reward, overwrite=True,
-                           progress=False, log=lambda _: None,
+                           problems=run.eval_problems, seed=run.cfg.seed,
+                           reward=run.cfg.reward, overwrite=True, progress=False,
+                           log=lambda _: None,
                            shard=Shard(dist.rank(), dist.world_size(), dist.all_gather_object))
     return flat_metrics(summary)
 

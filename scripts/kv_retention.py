@@ -36,18 +36,18 @@ class Positions:
         self.kept: dict[int, list] = {}  # slot -> [layer][head] -> positions
         self.first: dict[int, int] = {}  # slot -> next_pos at its first compaction
         self.selected: list[torch.Tensor] = []
-        real_select, real_compact = engine.policy.select_batch, engine_mod.compact
+        real_select, real_compact = engine.rule.select_batch, engine_mod.compact
         self.layers = engine.lm.num_layers
 
         def select(*a, **k):
             self.selected.append(real_select(*a, **k))
             return self.selected[-1]
 
-        def compact(pool, policy, rows, lens, next_pos, protected=None):
-            real_compact(pool, policy, rows, lens, next_pos, protected)
+        def compact(pool, rule, rows, lens, next_pos, protected=None):
+            real_compact(pool, rule, rows, lens, next_pos, protected)
             self.update(rows, lens, next_pos, protected or [0] * len(rows))
 
-        engine.policy.select_batch = select
+        engine.rule.select_batch = select
         engine_mod.compact = compact
 
     def update(self, rows, lens, next_pos, protected) -> None:

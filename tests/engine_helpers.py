@@ -172,7 +172,7 @@ def track(engine, monkeypatch) -> Tracker:
     """Route the engine's attention, steps and compactions through a new Tracker."""
     tr = Tracker(engine)
     real_attn, real_compact = models_mod.paged_attention, engine_mod.compact
-    real_select = engine.policy.select_batch
+    real_select = engine.rule.select_batch
     monkeypatch.setattr(models_mod, "paged_attention",
                         lambda *a: tr.attention(real_attn, *a))
     real_attend = models_mod.attend
@@ -210,7 +210,7 @@ def track(engine, monkeypatch) -> Tracker:
                         lambda seqs, sp, inputs: (tr.step(seqs), real_launch(seqs, sp, inputs))[1])
     monkeypatch.setattr(runner, "prefill",
                         lambda chunks, sp: (tr.step([], chunks), real_prefill(chunks, sp))[1])
-    monkeypatch.setattr(engine.policy, "select_batch",
+    monkeypatch.setattr(engine.rule, "select_batch",
                         lambda *a, **k: tr.selected.append(real_select(*a, **k)) or tr.selected[-1])
 
     def compact(pool, policy, rows, lens, next_pos, protected=None):

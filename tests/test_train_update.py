@@ -47,7 +47,7 @@ def _model(device: torch.device) -> torch.nn.Module:
                       max_positions=64).to(device)
 
 
-def _engine(cfg: Config, device: torch.device):
+def _train_engine(cfg: Config, device: torch.device):
     from minisparse.trainer.train_engine import build_train_engine
 
     return build_train_engine(_model(device), cfg, total_steps=10, device=device)
@@ -66,8 +66,8 @@ def _batch(cfg: Config) -> RolloutBatch:
     return batch
 
 
-def _params(engine):
-    return torch.cat([p.detach().flatten().cpu() for p in engine.module.parameters()])
+def _params(train_engine):
+    return torch.cat([p.detach().flatten().cpu() for p in train_engine.module.parameters()])
 
 
 def _well_conditioned_adam(cfg: Config) -> Config:
@@ -84,10 +84,10 @@ def _well_conditioned_adam(cfg: Config) -> Config:
 
 def test_step_updates_and_micro_batching_is_exact(device):
     whole_cfg = _well_conditioned_adam(_cfg())
-    whole = _engine(whole_cfg, device)
+    whole = _train_engine(whole_cfg, device)
     m_whole = update(whole, _batch(whole_cfg), whole_cfg)
     split_cfg = _well_conditioned_adam(_cfg(max_tokens_per_gpu=9))  # [7] [5,4] [4]
-    split = _engine(split_cfg, device)
+    split = _train_engine(split_cfg, device)
     before = _params(split)
     m_split = update(split, _batch(split_cfg), split_cfg)
     assert m_whole["train/micro_batches"] == 1.0 and m_split["train/micro_batches"] == 3.0
@@ -105,9 +105,9 @@ def test_fp32_zero_0_reports_the_norm_deepspeed_leaves_out(device):
     metrics, params = {}, {}
     for stage in (0, 1):
         cfg = _well_conditioned_adam(_cfg(zero_stage=stage))
-        engine = _engine(cfg, device)
-        metrics[stage] = update(engine, _batch(cfg), cfg)
-        params[stage] = _params(engine)
+        train_engine = _train_engine(cfg, device)
+        metrics[stage] = update(train_engine, _batch(cfg), cfg)
+        params[stage] = _params(train_engine)
     assert metrics[0]["train/nonfinite_steps"] == 0.0
     assert metrics[0]["train/grad_norm"] == pytest.approx(metrics[1]["train/grad_norm"],
                                                           rel=1e-5)
@@ -115,22 +115,22 @@ def test_fp32_zero_0_reports_the_norm_deepspeed_leaves_out(device):
     cfg = _cfg(zero_stage=0)
     batch = _batch(cfg)
     batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
-    assert update(_engine(cfg, device), batch, cfg)["train/nonfinite_steps"] == 1.0
+    assert update(_train_engine(cfg, device), batch, cfg)["train/nonfinite_steps"] == 1.0
 
 
 def test_nonfinite_loss_skips_the_step(device):
     cfg = _cfg()
-    engine = _engine(cfg, device)
+    train_engine = _train_engine(cfg, device)
     batch = _batch(cfg)
     batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
-    before = _params(engine)
-    m = update(engine, batch, cfg)
+    before = _params(train_engine)
+    m = update(train_engine, batch, cfg)
     assert m["train/nonfinite_steps"] == 1.0
     assert not math.isfinite(m["train/grad_norm"])
-    assert torch.equal(before, _params(engine))
+    assert torch.equal(before, _params(train_engine))
     # the next, finite step is applied normally
-    m2 = update(engine, _batch(cfg), cfg)
-    assert m2["train/nonfinite_steps"] == 0.0 and not torch.equal(before, _params(engine))
+    m2 = update(train_engine, _batch(cfg), cfg)
+    assert m2["train/nonfinite_steps"] == 0.0 and not torch.equal(before, _params(train_engine))
 
 
 def test_optimizer_offload_brackets_the_micro_batches_of_each_step(device):
@@ -138,12 +138,12 @@ def test_optimizer_offload_brackets_the_micro_batches_of_each_step(device):
     micro-batch and is back before DeepSpeed's step (on a GPU; TrainingStateOffload is a
     no-op on CPU, so a recorder stands in for it here)."""
     cfg = _cfg(global_batch_size=2, num_steps_per_rollout=2, max_tokens_per_gpu=5)
-    engine = _engine(cfg, device)
+    train_engine = _train_engine(cfg, device)
     events = []
-    step = engine.step
-    engine.step = lambda *a, **k: (events.append("step"), step(*a, **k))[1]
-    backward = engine.backward
-    engine.backward = lambda *a, **k: (events.append("backward"), backward(*a, **k))[1]
+    step = train_engine.step
+    train_engine.step = lambda *a, **k: (events.append("step"), step(*a, **k))[1]
+    backward = train_engine.backward
+    train_engine.backward = lambda *a, **k: (events.append("backward"), backward(*a, **k))[1]
 
     class Recorder:
         def offload_optimizer(self):
@@ -152,7 +152,7 @@ def test_optimizer_offload_brackets_the_micro_batches_of_each_step(device):
         def reload(self):
             events.append("reload")
 
-    metrics = update(engine, _batch(cfg), cfg, offload=Recorder())
+    metrics = update(train_engine, _batch(cfg), cfg, offload=Recorder())
     # sequences of 5 + 4 and 7 + 4 tokens: two micro-batches a step (the 7 alone)
     assert metrics["train/micro_batches"] == 2.0
     assert events == ["offload", "backward", "backward", "reload", "step"] * 2
@@ -182,16 +182,16 @@ def test_update_by_hand_on_the_worked_example(device, max_tokens):
     cfg = _cfg(max_tokens_per_gpu=max_tokens, zero_stage=0, rollout_batch_size=3,
                n_samples_per_prompt=1, global_batch_size=3)
     cfg.loss = ex.loss_config()
-    engine = _engine(cfg, device)
-    grads = grads_at_step(engine)
-    m = update(engine, _worked_example(cfg, engine.module), cfg)
+    train_engine = _train_engine(cfg, device)
+    grads = grads_at_step(train_engine)
+    m = update(train_engine, _worked_example(cfg, train_engine.module), cfg)
     keep, weights = ex.expected()
     want = ex.expected_loss(keep, weights)
     assert m["train/micro_batches"] == (1.0 if max_tokens == 100 else 3.0)
     for name in ("pg_loss", "kl", "ratio_mean", "clip_frac", "loss"):
         assert m[f"train/{name}"] == pytest.approx(want[name], rel=1e-4, abs=1e-6), name
 
-    oracle = _model(device)  # the engine's model before its step (same seed)
+    oracle = _model(device)  # the DeepSpeed engine's model before its step (same seed)
     now, _ = response_logprobs(oracle, ex.PROMPTS, ex.RESPONSES, width=3)
     (ex.expected_grad(keep, weights).to(device) * now).sum().backward()
     expect = {n: p.grad.cpu() for n, p in oracle.named_parameters()}
@@ -217,16 +217,16 @@ def _nonfinite_worker(rank: int, init_file: str, out_dir: str) -> None:
     try:
         cfg = _cfg(zero_stage=2, max_tokens_per_gpu=9)  # [7] [5, 4] [4]: 3 micro-batches
         torch.manual_seed(0)
-        engine = _engine(cfg, device)
-        before = _params(engine)
+        train_engine = _train_engine(cfg, device)
+        before = _params(train_engine)
         batch = _batch(cfg)
         if rank == 1:
             batch.advantages = torch.tensor([float("nan"), 1.0, 1.0, 1.0])
-        skipped = float(update(engine, batch, cfg)["train/nonfinite_steps"])
-        unchanged = torch.equal(before, _params(engine))
-        applied = float(update(engine, _batch(cfg), cfg)["train/nonfinite_steps"])
+        skipped = float(update(train_engine, batch, cfg)["train/nonfinite_steps"])
+        unchanged = torch.equal(before, _params(train_engine))
+        applied = float(update(train_engine, _batch(cfg), cfg)["train/nonfinite_steps"])
         torch.save({"skipped": skipped, "unchanged": unchanged, "then_skipped": applied,
-                    "moved": not torch.equal(before, _params(engine))},
+                    "moved": not torch.equal(before, _params(train_engine))},
                    f"{out_dir}/rank{rank}.pt")
     finally:
         tdist.destroy_process_group()

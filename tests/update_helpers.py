@@ -1,6 +1,5 @@
 """For tests that run the update in-process: a rollout batch as the rollout phase leaves
-it, train.py's update phase on an engine, and the gradients a DeepSpeed engine's steps
-apply."""
+it, train.py's update phase, and the gradients a DeepSpeed engine's steps apply."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -26,22 +25,23 @@ def rollout_batch(prompts: list[list[int]], responses: list[list[int]],
                         peak_cache_tokens=[0] * n, compressed_tokens=[0] * n)
 
 
-def grads_at_step(engine) -> dict[str, torch.Tensor]:
-    """The gradients each engine.step() is about to apply (ZeRO 0 keeps them in .grad,
-    before clipping), filled in as the steps run."""
+def grads_at_step(train_engine) -> dict[str, torch.Tensor]:
+    """The gradients each train_engine.step() is about to apply (ZeRO 0 keeps them in
+    .grad, before clipping), filled in as the steps run."""
     grads: dict[str, torch.Tensor] = {}
-    step = engine.step
+    step = train_engine.step
 
     def recording_step(*args, **kwargs):
         grads.update({n: p.grad.detach().cpu().clone()
-                      for n, p in engine.module.named_parameters() if p.grad is not None})
+                      for n, p in train_engine.module.named_parameters()
+                      if p.grad is not None})
         return step(*args, **kwargs)
 
-    engine.step = recording_step
+    train_engine.step = recording_step
     return grads
 
 
-def update(engine, batch: RolloutBatch, cfg: Config, offload=None) -> dict[str, float]:
+def update(train_engine, batch: RolloutBatch, cfg: Config, offload=None) -> dict[str, float]:
     """train.py's update phase: cfg.num_steps_per_rollout optimizer steps on batch, their
     metrics averaged (train/nonfinite_steps: the steps skipped); offload: what stands in
     for the optimizer state's moves where the memory plan offloads it."""
@@ -49,7 +49,7 @@ def update(engine, batch: RolloutBatch, cfg: Config, offload=None) -> dict[str, 
 
     plan = MemoryPlan(gradient_checkpointing=False, optimizer_offload=offload is not None,
                       logprob_tokens=cfg.max_tokens_per_gpu, update_tokens=cfg.max_tokens_per_gpu)
-    run = train.Run(cfg=cfg, device=None, train_engine=engine,
+    run = train.Run(cfg=cfg, device=None, train_engine=train_engine,
                     swaps=SimpleNamespace(offload=offload), reference=None, llm=None, plan=plan,
                     tokenizer=None, rows=[], sampler=None, logger=None)
     return train.update_phase(run, batch)

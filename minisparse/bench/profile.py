@@ -154,7 +154,7 @@ def profile_compaction(engine: LLMEngine, batch: int) -> dict:
     rows, lens = list(range(batch)), [length] * batch
 
     def event():
-        compact(engine.pool, engine.policy, rows, lens, lens)
+        compact(engine.pool, engine.rule, rows, lens, lens)
 
     with torch.inference_mode():
         ms = median_ms(event, 10)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         r = profile_batch(engine, b, length, args, sp, bandwidth, weights, kv)
         print_step(r, args.top)
         result["steps"].append(r)
-        if engine.policy is not None:
+        if engine.rule is not None:
             c = profile_compaction(engine, b)
             print(f"\n## compaction of {b} sequences at {c['cache_len']} entries: "
                   f"{c['ms']:.3f} ms ({c['ms'] / r['step_ms']:.1f} decode steps)")

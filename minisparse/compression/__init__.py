@@ -3,7 +3,7 @@ each in rules/: R-KV, SnapKV, ...; a user's own in their module, module.path:Cla
 their batched GPU path, and the triggers that decide when a sequence is compressed. See
 docs/compression.md for the rules and how to write one.
 """
-from .policy import RuleError, ScoringRule, build_policy, check_rule, rule_class
+from .rule import RuleError, ScoringRule, build_rule, check_rule, rule_class
 from .rules.rkv import RKV
 from .rules.snapkv import SnapKV
 from .trigger import (compress_due, evictable_len, max_buffer, max_cache_tokens,
@@ -14,7 +14,7 @@ __all__ = [
     "RuleError",
     "ScoringRule",
     "SnapKV",
-    "build_policy",
+    "build_rule",
     "check_rule",
     "compress_due",
     "evictable_len",

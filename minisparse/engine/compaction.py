@@ -1,5 +1,5 @@
 """Eviction: pick the tokens each (sequence, layer, KV head) keeps with one batched
-policy.select_batch call, then pack them into the first cache entries of the sequence.
+rule.select_batch call, then pack them into the first cache entries of the sequence.
 
 Entry j of head h becomes the j-th kept token of head h, so after compaction every head of
 every layer holds exactly `budget` entries and attention needs only the per-sequence
@@ -23,9 +23,9 @@ _GATHER_BYTES = 1 << 30  # cap on the gathered keys per group of sequences
 
 
 @torch.no_grad()
-def compact(pool: KVPool, policy, rows: list[int], cache_lens: list[int],
+def compact(pool: KVPool, rule, rows: list[int], cache_lens: list[int],
             next_pos: list[int], protected: list[int] | None = None) -> None:
-    """Compress the caches of the sequences in `rows` (runner slots) down to policy.budget
+    """Compress the caches of the sequences in `rows` (runner slots) down to rule.budget
     entries after their first protected[i] (None: 0 each), which stay. cache_lens: their
     entries now (each > protected + budget); next_pos: their next RoPE position (used to
     read the query ring in time order)."""
@@ -34,7 +34,7 @@ def compact(pool: KVPool, policy, rows: list[int], cache_lens: list[int],
     group = max(1, _GATHER_BYTES // per_seq)
     protected = [0] * len(rows) if protected is None else protected
     for i in range(0, len(rows), group):
-        _compact_group(pool, policy, *(pool_tensor(pool, x[i:i + group])
+        _compact_group(pool, rule, *(pool_tensor(pool, x[i:i + group])
                                        for x in (rows, cache_lens, next_pos, protected)),
                        lmax=max(cache_lens[i:i + group]))
 
@@ -43,11 +43,11 @@ def pool_tensor(pool: KVPool, values: list[int]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long).to(pool.device)
 
 
-def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
+def _compact_group(pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor,
                    next_pos: torch.Tensor, protected: torch.Tensor, lmax: int) -> None:
     """lmax: max(lens), known on the host (no device sync)."""
     n_layers, _, h_kv, d = pool.k.shape
-    s, budget = rows.shape[0], policy.budget
+    s, budget = rows.shape[0], rule.budget
     fast = triton_module("minisparse.engine.triton_compaction", pool.k)
     if fast:
         keys = fast.gather_keys(pool.k, pool.page_table, pool.page_size, rows, lens, lmax)
@@ -55,10 +55,10 @@ def _compact_group(pool: KVPool, policy, rows: torch.Tensor, lens: torch.Tensor,
         keys = _gather_keys(pool, rows, lmax)
     keys = keys.view(s * n_layers, h_kv, lmax, d)
     queries = None  # rules that score without queries get none (and have no ring)
-    if policy.uses_queries:
+    if rule.uses_queries:
         queries = pool.ring_queries(rows, next_pos)  # [s, layers, H_q, W, D]
         queries = queries.view(s * n_layers, -1, pool.window, d)
-    keep = policy.select_batch(keys, queries, lens.repeat_interleave(n_layers),
+    keep = rule.select_batch(keys, queries, lens.repeat_interleave(n_layers),
                                protected=protected.repeat_interleave(n_layers))
     del keys, queries
     keep = keep.view(s, n_layers, h_kv, budget)

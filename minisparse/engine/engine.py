@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from minisparse.compression import (build_policy, compress_due, evictable_len, max_cache_tokens,
+from minisparse.compression import (build_rule, compress_due, evictable_len, max_cache_tokens,
                                    newline_token_ids)
 from minisparse.engine.page_allocator import PageAllocator
 from minisparse.engine.progress import GenerateProgress
@@ -61,16 +61,16 @@ class LLMEngine:
         self.device = torch.device(device)
         self.lm = CausalLM(model, fuse=self.device.type == "cuda",  # fused qkv, gate/up copy
                            fused_kernels=cfg.fused_kernels)
-        self.policy = build_policy(self.compress)  # None when dense
+        self.rule = build_rule(self.compress)  # None when dense
         # The query ring holds the last `window` queries for the rules that score with them.
-        ring = self.policy.window if self.policy and self.policy.uses_queries else 0
+        ring = self.rule.window if self.rule and self.rule.uses_queries else 0
         self.pool = KVPool(self.lm, cfg, ring, self.device)
         self.pool.allocate()
-        bound = max_cache_tokens(self.compress) if self.policy is not None else None
+        bound = max_cache_tokens(self.compress) if self.rule is not None else None
         self.runner = ModelRunner(self.lm, self.pool, cfg.cuda_graphs, bound)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.newline_ids: set[int] = set()
-        if self.policy is not None and self.compress.divide_method == "newline":
+        if self.rule is not None and self.compress.divide_method == "newline":
             self.newline_ids = set(newline_token_ids(tokenizer))
         self.last_stats = GenerateStats()
         self.allocator: PageAllocator | None = None  # the last generate() call's
@@ -94,17 +94,17 @@ class LLMEngine:
     @contextmanager
     def dense(self) -> Iterator[None]:
         """Generate with a dense cache inside (a compressed run's evaluation, scored like a
-        dense run's): no policy, decode graphs for uncompressed lengths."""
-        if self.policy is None:
+        dense run's): no rule, decode graphs for uncompressed lengths."""
+        if self.rule is None:
             yield
             return
-        saved = self.policy, self.runner.graph_max_len
-        self.policy, self.runner.graph_max_len = None, None
+        saved = self.rule, self.runner.graph_max_len
+        self.rule, self.runner.graph_max_len = None, None
         self.runner.reset_graphs()
         try:
             yield
         finally:
-            self.policy, self.runner.graph_max_len = saved
+            self.rule, self.runner.graph_max_len = saved
             self.runner.reset_graphs()
 
     def update_weights(self, model: nn.Module) -> None:
@@ -124,7 +124,7 @@ class LLMEngine:
         allocator = self.allocator = PageAllocator(self.pool.num_pages, self.pool.page_size)
         sched = Scheduler(allocator, self.cfg.max_num_seqs, self.cfg.max_prefill_tokens,
                           self._share_mode(), self.pool.window,
-                          self.policy.budget if self.policy is not None else 0,
+                          self.rule.budget if self.rule is not None else 0,
                           self.compress.keep_prompt, self._cache_bound())
         seqs = self._sequences(prompt_token_ids, params)
         for seq in seqs:
@@ -167,7 +167,7 @@ class LLMEngine:
     def _cache_bound(self):
         """Prompt length -> the most entries a compressed cache holds (the scheduler's
         admission bound); None when dense."""
-        if self.policy is None:
+        if self.rule is None:
             return None
         compress = self.compress
         return lambda prompt_len: max_cache_tokens(compress, prompt_len)
@@ -178,7 +178,7 @@ class LLMEngine:
         compaction will rewrite them."""
         if not self.cfg.share_prompt_cache:
             return "none"
-        return "copy" if self.policy is not None and not self.compress.keep_prompt else "pages"
+        return "copy" if self.rule is not None and not self.compress.keep_prompt else "pages"
 
     def _step(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> None:
         """One prefill step when waiting sequences fit (schedule -> run -> postprocess),
@@ -233,7 +233,7 @@ class LLMEngine:
         due, the pool has every page it needs without preempting. Sequences that will
         finish by length at `launch` are left out; those that stop on a sampled token are
         not known yet and run once more. None when the step cannot be predicted."""
-        tokens_decide = (self.policy is not None
+        tokens_decide = (self.rule is not None
                          and self.compress.divide_method != "step_length")
         if tokens_decide or sched.can_admit():
             return None
@@ -254,7 +254,7 @@ class LLMEngine:
         """Compact, in one batched call, the caches of the sequences of `seqs` that go on
         after sampling `tokens` and that the trigger marks due; returns them (the scheduler's
         postprocess takes back their pages past the budget)."""
-        if self.policy is None:
+        if self.rule is None:
             return []
         going = [(s, t) for s, t in zip(seqs, tokens)
                  if s.finish_reason is None and s.stop_reason(t) is None]
@@ -264,7 +264,7 @@ class LLMEngine:
             if self.compress.keep_prompt:
                 protected = [s.num_prompt for s in due]
             with self.timer.region("compress"):
-                compact(self.pool, self.policy, [s.slot for s in due],
+                compact(self.pool, self.rule, [s.slot for s in due],
                         [s.cache_len for s in due], [s.num_computed for s in due], protected)
             stats.compress_events += 1
         return due
@@ -272,9 +272,9 @@ class LLMEngine:
     def _due(self, seqs: list[Sequence], newline: list[bool] | None) -> list[Sequence]:
         """The sequences of `seqs` the trigger marks due now (newline: whether the token
         each one just sampled holds a newline; None: none does)."""
-        if self.policy is None:
+        if self.rule is None:
             return []
-        budget, cfg = self.policy.budget, self.compress
+        budget, cfg = self.rule.budget, self.compress
         lens = [evictable_len(cfg, s.cache_len, s.num_prompt) for s in seqs]
         over = [i for i, n in enumerate(lens) if n > budget]  # never due under
         if not over:

@@ -76,7 +76,7 @@ def _record(problem: Problem, out: Any, response: str, grade: Any) -> dict:
 
 
 def _generate_and_grade_block(
-    engine: RolloutBackend, tokenizer: Any, problems: Sequence[Problem],
+    llm: RolloutBackend, tokenizer: Any, problems: Sequence[Problem],
     prompts: Sequence[list[int]], params: SamplingParams, reward: RewardConfig, progress: bool,
 ) -> tuple[list[dict], dict]:
     """One process's problems: n samples each, graded by the math grader as `reward` says
@@ -86,7 +86,7 @@ def _generate_and_grade_block(
     if not problems:  # more ranks than problems
         return [], {"generation_s": 0.0, "generated_tokens": 0, "grading_s": 0.0, "engine": {}}
     start = time.perf_counter()
-    outs = engine.generate(list(prompts), params, progress=progress)
+    outs = llm.generate(list(prompts), params, progress=progress)
     gen_s = time.perf_counter() - start
     responses = [tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
     start = time.perf_counter()
@@ -99,13 +99,13 @@ def _generate_and_grade_block(
         "generation_s": gen_s,
         "generated_tokens": sum(r["tokens"] for r in records),
         "grading_s": grade_s,
-        "engine": _stats_dict(getattr(engine, "last_stats", None)),
+        "engine": _stats_dict(getattr(llm, "last_stats", None)),
     }
     return records, timing
 
 
 def generate_and_grade(
-    engine: RolloutBackend, tokenizer: Any, problems: Sequence[Problem],
+    llm: RolloutBackend, tokenizer: Any, problems: Sequence[Problem],
     prompts: Sequence[list[int]], params: SamplingParams, reward: RewardConfig | None = None,
     progress: bool = True, shard: Shard = Shard(),
 ) -> tuple[list[dict], dict]:
@@ -116,7 +116,7 @@ def generate_and_grade(
     start, end = shard.bounds(len(problems))
     params = replace(params, seed_offset=params.seed_offset + start * params.n)
     parts = shard.gather(_generate_and_grade_block(
-        engine, tokenizer, problems[start:end], prompts[start:end], params,
+        llm, tokenizer, problems[start:end], prompts[start:end], params,
         reward or RewardConfig(), progress))
     records = [r for part, _ in parts for r in part]
     gen_s = max(t["generation_s"] for _, t in parts)

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from minisparse.compression.policy import rule_class
+from minisparse.compression.rule import rule_class
 from minisparse.compression.trigger import first_compression_len
 from minisparse.config.load import load_config, shipped_configs
 from minisparse.config.schema import Config, ConfigError

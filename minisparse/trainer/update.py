@@ -43,32 +43,32 @@ def rank_share(count: float) -> float:
     return max(total, 1.0) / world_size()
 
 
-def device_of(engine) -> torch.device:
-    return next(engine.module.parameters()).device
+def device_of(train_engine) -> torch.device:
+    return next(train_engine.module.parameters()).device
 
 
-def _constant_backward(engine, scale: float) -> None:
+def _constant_backward(train_engine, scale: float) -> None:
     """A backward through one token whose gradients are `scale` times finite values:
     0 pads this rank to the others' micro-batch count, NaN poisons the step."""
-    model = engine.module
-    hidden = model.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device_of(engine)),
-                         use_cache=False).last_hidden_state
-    engine.backward(model.lm_head(hidden).sum() * scale, scale_wrt_gas=False)
+    model = train_engine.module
+    ids = torch.zeros(1, 1, dtype=torch.long, device=device_of(train_engine))
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+    train_engine.backward(model.lm_head(hidden).sum() * scale, scale_wrt_gas=False)
 
 
-def _norm_if_unreported(engine) -> float:
+def _norm_if_unreported(train_engine) -> float:
     """The gradients' norm where DeepSpeed reports none (ZeRO 0 without a mixed-precision
     optimizer: fp32), taken before step() clips and zeroes them; their values are already
     the same on every rank then. NaN elsewhere: DeepSpeed's own norm is used."""
-    if engine.zero_optimization_stage() != 0 or engine.bfloat16_enabled() \
-            or engine.fp16_enabled():
+    if train_engine.zero_optimization_stage() != 0 or train_engine.bfloat16_enabled() \
+            or train_engine.fp16_enabled():
         return float("nan")
-    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    grads = [p.grad for p in train_engine.module.parameters() if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(
         [torch.linalg.vector_norm(g.float()) for g in grads]))) if grads else 0.0
 
 
-def accumulate_and_step(engine, micro_batches: list[list[int]], loss_fn: LossFn,
+def accumulate_and_step(train_engine, micro_batches: list[list[int]], loss_fn: LossFn,
                         offload: TrainingStateOffload | None = None) -> dict[str, float]:
     """loss_fn's forward and backward over this rank's micro-batches (lists of rows), then
     one optimizer step: the loss function's metrics summed over micro-batches, with the
@@ -76,34 +76,34 @@ def accumulate_and_step(engine, micro_batches: list[list[int]], loss_fn: LossFn,
     non-finite loss or norm) and the optimizer step's seconds."""
     groups = equalize_across_ranks(micro_batches)
     sums: dict[str, torch.Tensor] = {}  # read once after the micro-batches: no sync each
-    finite = torch.ones((), dtype=torch.bool, device=device_of(engine))
+    finite = torch.ones((), dtype=torch.bool, device=device_of(train_engine))
     if offload is not None:
         offload.offload_optimizer()
     for rows in groups:
         if not rows:
-            _constant_backward(engine, 0.0)
+            _constant_backward(train_engine, 0.0)
             continue
         loss, metrics = loss_fn(rows)
         finite &= torch.isfinite(loss)
-        engine.backward(loss, scale_wrt_gas=False)
+        train_engine.backward(loss, scale_wrt_gas=False)
         for key, value in metrics.items():
             sums[key] = sums[key] + value if key in sums else value
     # every rank takes the poisoning backward when any rank saw a non-finite loss (ZeRO 2
     # reduces in each backward, so all ranks must take the same number)
     finite = bool(all_reduce(finite.float(), op="min").item())
     if not finite:
-        _constant_backward(engine, float("nan"))
+        _constant_backward(train_engine, float("nan"))
     if offload is not None:
         offload.reload()
-    unreported = _norm_if_unreported(engine)
-    step_s = timed(engine.step, device_of(engine))
-    grad_norm = engine.get_global_grad_norm()
+    unreported = _norm_if_unreported(train_engine)
+    step_s = timed(train_engine.step, device_of(train_engine))
+    grad_norm = train_engine.get_global_grad_norm()
     grad_norm = unreported if grad_norm is None else float(grad_norm)
-    applied = engine.was_step_applied() and finite and math.isfinite(grad_norm)
+    applied = train_engine.was_step_applied() and finite and math.isfinite(grad_norm)
     return {
         **{key: float(value) for key, value in sums.items()},
         "train/grad_norm": grad_norm,
-        "train/lr": engine.get_lr()[0],
+        "train/lr": train_engine.get_lr()[0],
         "train/micro_batches": float(len(groups)),
         "train/step_skipped": float(not applied),
         "time/optimizer_step_s": step_s,

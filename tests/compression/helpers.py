@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from minisparse.compression import ScoringRule, build_policy
+from minisparse.compression import ScoringRule, build_rule
 from minisparse.config.schema import CompressConfig
 
 
@@ -30,9 +30,9 @@ def make_inputs(h_kv: int, group: int, length: int, window: int, dim: int = 16,
     return keys.to(dtype), queries.to(dtype)
 
 
-def make_policy(algorithm: str, **settings) -> ScoringRule:
+def make_rule(algorithm: str, **settings) -> ScoringRule:
     """The rule of that name, built from a CompressConfig with these settings."""
-    return build_policy(CompressConfig(algorithm=algorithm, **settings))
+    return build_rule(CompressConfig(algorithm=algorithm, **settings))
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "compression.md"

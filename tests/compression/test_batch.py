@@ -1,15 +1,15 @@
 """select_batch(): row-by-row equality with select(), padding isolation, chunking; the
-shape checks and build_policy (the settings' checks are the config's: tests/config)."""
+shape checks and build_rule (the settings' checks are the config's: tests/config)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minisparse.compression import RKV, ScoringRule, SnapKV, build_policy, rule_class
+from minisparse.compression import RKV, ScoringRule, SnapKV, build_rule, rule_class
 from minisparse.config.schema import CompressConfig, ConfigError, rule_names
 
 from . import reference
-from .helpers import make_inputs, make_policy
+from .helpers import make_inputs, make_rule
 
 BUDGET, WINDOW = 24, 4
 
@@ -35,12 +35,12 @@ CASES = [("rkv", "per_head", "avg"), ("rkv", "per_layer", "max"),
 def test_batch_equals_rows(algorithm, selection, pooling, fill):
     lengths = [BUDGET + 1, 3 * BUDGET, 2 * BUDGET + 5, BUDGET + 2, 4 * BUDGET - 1]
     keys, queries, rows = padded_batch(lengths, 2, 4, fill, lmax=4 * BUDGET + 3)
-    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, selection=selection,
+    rule = make_rule(algorithm, budget=BUDGET, window=WINDOW, selection=selection,
                          pooling=pooling)
-    kept = policy.select_batch(keys, queries, torch.tensor(lengths))
+    kept = rule.select_batch(keys, queries, torch.tensor(lengths))
     assert kept.shape == (len(lengths), 2, BUDGET) and kept.dtype == torch.long
     for b, ((k, q), n) in enumerate(zip(rows, lengths)):
-        single = policy.select(k, q)
+        single = rule.select(k, q)
         ref = reference.scores(k, q, algorithm, pooling=pooling)
         # float32 scores of size ~1 agree with the float64 reference to ~1e-7 whatever the
         # batch shape; 1e-6 leaves a 10x margin and still catches any wrong pick.
@@ -53,15 +53,15 @@ def test_chunking_does_not_change_results():
     lengths = [BUDGET + 3, 2 * BUDGET, 3 * BUDGET, BUDGET + 9, 2 * BUDGET + 1]
     keys, queries, _ = padded_batch(lengths, 2, 2, 0.0, lmax=3 * BUDGET)
     cfg = CompressConfig(algorithm="rkv", budget=BUDGET, window=WINDOW, pooling="avg")
-    policy = RKV(cfg)
+    rule = RKV(cfg)
     lengths = torch.tensor(lengths)
-    whole = policy.select_batch(keys, queries, lengths)
-    assert policy.rows_per_chunk(keys, queries, chunk_bytes=1) == 1
-    assert policy.rows_per_chunk(keys, queries) >= len(lengths)
+    whole = rule.select_batch(keys, queries, lengths)
+    assert rule.rows_per_chunk(keys, queries, chunk_bytes=1) == 1
+    assert rule.rows_per_chunk(keys, queries) >= len(lengths)
     small = RKV(cfg, chunk_bytes=1)
     # Chunks run the same float32 arithmetic on other batch shapes: the same picks up to
     # near-ties within float32 rounding of the scores (1e-6, as above).
-    for chunked in (policy.select_batch(keys, queries, lengths, chunk_bytes=1),
+    for chunked in (rule.select_batch(keys, queries, lengths, chunk_bytes=1),
                     small.select_batch(keys, queries, lengths)):
         for b, n in enumerate(lengths.tolist()):
             ref = reference.scores(keys[b, :, :n], queries[b], "rkv", pooling="avg")
@@ -80,7 +80,7 @@ def test_chunk_size_follows_similarity_memory():
 
 def test_empty_batch():
     keys, queries = torch.zeros(0, 2, 40, 16), torch.zeros(0, 4, WINDOW, 16)
-    kept = make_policy("rkv", budget=BUDGET, window=WINDOW).select_batch(
+    kept = make_rule("rkv", budget=BUDGET, window=WINDOW).select_batch(
         keys, queries, torch.zeros(0, dtype=torch.long))
     assert kept.shape == (0, 2, BUDGET)
 
@@ -111,31 +111,31 @@ def test_bad_chunk_bytes():
 ])
 def test_bad_batch_shapes(args, name):
     with pytest.raises(ValueError, match=f"^{name}:"):
-        make_policy("rkv", budget=BUDGET, window=WINDOW).select_batch(*args)
+        make_rule("rkv", budget=BUDGET, window=WINDOW).select_batch(*args)
 
 
 def test_bad_single_shapes():
-    policy = make_policy("snapkv", budget=BUDGET, window=WINDOW)
+    rule = make_rule("snapkv", budget=BUDGET, window=WINDOW)
     with pytest.raises(ValueError, match="^keys:"):
-        policy.select(torch.zeros(1, 2, 40, 16), torch.zeros(4, WINDOW, 16))
+        rule.select(torch.zeros(1, 2, 40, 16), torch.zeros(4, WINDOW, 16))
     with pytest.raises(ValueError, match="^queries:"):
-        policy.select(torch.zeros(2, 40, 16), torch.zeros(5, WINDOW, 16))
+        rule.select(torch.zeros(2, 40, 16), torch.zeros(5, WINDOW, 16))
 
 
-def test_build_policy():
-    assert build_policy(CompressConfig(algorithm="none")) is None
-    assert type(build_policy(CompressConfig(algorithm="rkv"))) is RKV
-    assert type(build_policy(CompressConfig(algorithm="snapkv"))) is SnapKV
-    assert type(build_policy(CompressConfig(algorithm="streaming_llm"))).__name__ == \
+def test_build_rule():
+    assert build_rule(CompressConfig(algorithm="none")) is None
+    assert type(build_rule(CompressConfig(algorithm="rkv"))) is RKV
+    assert type(build_rule(CompressConfig(algorithm="snapkv"))) is SnapKV
+    assert type(build_rule(CompressConfig(algorithm="streaming_llm"))).__name__ == \
         "StreamingLLM"
-    assert type(build_policy(CompressConfig(algorithm="knorm"))).__name__ == "KNorm"
+    assert type(build_rule(CompressConfig(algorithm="knorm"))).__name__ == "KNorm"
     names = {name: rule_class(name).name for name in rule_names()}  # what reports say
     assert names.items() >= {"knorm": "KNorm", "rkv": "R-KV", "snapkv": "SnapKV",
                              "streaming_llm": "StreamingLLM"}.items()
 
 
 @pytest.mark.parametrize("algorithm", ["rkv", "snapkv"])
-def test_policy_uses_its_config(algorithm):
+def test_rule_uses_its_config(algorithm):
     """Every setting of the CompressConfig reaches the selection: the scores equal the
     reference's with these values (none of them the defaults), and the kept positions are
     `budget` per layer (per_layer: the same for every head), the last `window` included."""
@@ -143,13 +143,13 @@ def test_policy_uses_its_config(algorithm):
                          pooling="avg", group_pooling="mean", mix_lambda=0.3,
                          sim_threshold=0.2, selection="per_layer")
     keys, queries = make_inputs(2, 2, 50, 3, seed=5, dtype=torch.float64)
-    policy = build_policy(cfg)
+    rule = build_rule(cfg)
     ref = reference.scores(keys, queries, algorithm, kernel_size=5, pooling="avg",
                            group_pooling="mean", mix_lambda=0.3, sim_threshold=0.2)
-    torch.testing.assert_close(policy.score(keys, queries), ref, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(rule.score(keys, queries), ref, rtol=1e-9, atol=1e-12)
     default = reference.scores(keys, queries, algorithm)
     assert not torch.allclose(ref, default)  # the settings change the scores
-    kept = policy.select(keys, queries)
+    kept = rule.select(keys, queries)
     assert kept.shape == (2, 20) and (kept[0] == kept[1]).all()
     assert kept[0, -3:].tolist() == [47, 48, 49]
     reference.check_selection(kept, ref, 50, 20, 3, "per_layer", 1e-9)
@@ -163,14 +163,14 @@ def test_query_free_batch_equals_rows(algorithm, selection, fill):
     them); padding stays out of every row's scores."""
     lengths = [BUDGET + 1, 3 * BUDGET, 2 * BUDGET + 5, BUDGET + 2, 4 * BUDGET - 1]
     keys, _, rows = padded_batch(lengths, 2, 1, fill, lmax=4 * BUDGET + 3)
-    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, selection=selection)
-    assert not policy.uses_queries
-    kept = policy.select_batch(keys, None, torch.tensor(lengths))
+    rule = make_rule(algorithm, budget=BUDGET, window=WINDOW, selection=selection)
+    assert not rule.uses_queries
+    kept = rule.select_batch(keys, None, torch.tensor(lengths))
     assert kept.shape == (len(lengths), 2, BUDGET) and kept.dtype == torch.long
     for b, ((k, _), n) in enumerate(zip(rows, lengths)):
         ref = reference.scores(k, None, algorithm, window=WINDOW, budget=BUDGET)
         reference.check_selection(kept[b], ref, n, BUDGET, WINDOW, selection, 1e-6)
-        reference.assert_same_selection(kept[b], policy.select(k), ref, selection, 1e-6)
+        reference.assert_same_selection(kept[b], rule.select(k), ref, selection, 1e-6)
 
 
 def test_rule_class_names_the_rules():

@@ -36,15 +36,15 @@ def last_query_scores(keys: torch.Tensor, queries: torch.Tensor, window: int) ->
 
 
 def test_the_documented_example_rule_selects_by_its_definition():
-    policy = example_rule()(CompressConfig(budget=24, window=4))
+    rule = example_rule()(CompressConfig(budget=24, window=4))
     lengths = [30, 61, 100]
     keys = torch.full((3, 2, 100, 16), float("nan"))
     rows = [make_inputs(2, 4, n, 4, seed=n) for n in lengths]
     for b, (k, _) in enumerate(rows):
         keys[b, :, :k.shape[1]] = k
     queries = torch.stack([q for _, q in rows])
-    kept = policy.select_batch(keys, queries, torch.tensor(lengths))
+    kept = rule.select_batch(keys, queries, torch.tensor(lengths))
     for b, ((k, q), n) in enumerate(zip(rows, lengths)):
         ref = last_query_scores(k, q, 4)
         reference.check_selection(kept[b], ref, n, 24, 4, "per_head", atol=1e-6)
-        torch.testing.assert_close(policy.score(k, q).double(), ref, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(rule.score(k, q).double(), ref, rtol=1e-5, atol=1e-7)

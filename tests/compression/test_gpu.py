@@ -15,7 +15,7 @@ from minisparse.compression import RKV
 from minisparse.config.schema import CompressConfig
 
 from . import reference
-from .helpers import make_inputs, make_policy
+from .helpers import make_inputs, make_rule
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -37,35 +37,35 @@ def qwen_like_batch(rows: int, dtype: torch.dtype, seed: int = 0):
     return keys, queries, lengths
 
 
-POLICIES = {
-    "rkv-per_head": make_policy("rkv", budget=BUDGET, window=WINDOW),
-    "rkv-per_layer": make_policy("rkv", budget=BUDGET, window=WINDOW, selection="per_layer"),
-    "snapkv-per_head": make_policy("snapkv", budget=BUDGET, window=WINDOW),
-    "snapkv-avg-mean": make_policy("snapkv", budget=BUDGET, window=WINDOW, pooling="avg",
+RULES = {
+    "rkv-per_head": make_rule("rkv", budget=BUDGET, window=WINDOW),
+    "rkv-per_layer": make_rule("rkv", budget=BUDGET, window=WINDOW, selection="per_layer"),
+    "snapkv-per_head": make_rule("snapkv", budget=BUDGET, window=WINDOW),
+    "snapkv-avg-mean": make_rule("snapkv", budget=BUDGET, window=WINDOW, pooling="avg",
                                    group_pooling="mean"),
-    "knorm-per_head": make_policy("knorm", budget=BUDGET, window=WINDOW),
-    "streaming_llm-per_layer": make_policy("streaming_llm", budget=BUDGET, window=WINDOW,
+    "knorm-per_head": make_rule("knorm", budget=BUDGET, window=WINDOW),
+    "streaming_llm-per_layer": make_rule("streaming_llm", budget=BUDGET, window=WINDOW,
                                            selection="per_layer"),
 }
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", list(RULES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_batch_matches_cpu_rows(name, dtype):
-    policy = POLICIES[name]
+    rule = RULES[name]
     keys, queries, lengths = qwen_like_batch(24, dtype)
-    gpu = policy.select_batch(keys.cuda(), queries.cuda(), lengths.cuda()).cpu()
+    gpu = rule.select_batch(keys.cuda(), queries.cuda(), lengths.cuda()).cpu()
     same, worst = 0, 0.0
     for b, n in enumerate(lengths.tolist()):
         k, q = keys[b, :, :n], queries[b]
-        cpu = policy.select(k, q)
+        cpu = rule.select(k, q)
         same += int((gpu[b] == cpu).all(dim=-1).sum())
-        exact = policy.score(k.double(), q.double())
+        exact = rule.score(k.double(), q.double())
         # float32: rounding-level tolerance; bf16: a few percent of the score scale.
         rel = 1e-4 if dtype == torch.float32 else 0.05
         atol = rel * float(exact.abs().mean())
         worst = max(worst, reference.check_selection(
-            gpu[b], exact, n, BUDGET, WINDOW, policy.cfg.selection, atol) / atol)
+            gpu[b], exact, n, BUDGET, WINDOW, rule.cfg.selection, atol) / atol)
     # Exact index agreement is reported, not asserted: on max-pooling plateaus that
     # straddle the cut, CPU and GPU topk may break ties differently, both correctly.
     rate = same / (len(lengths) * H_KV)
@@ -85,17 +85,17 @@ def test_gpu_chunk_memory_stays_under_cap():
     lengths = torch.full((rows,), lmax, device="cuda")
     cap = 256 << 20
     cfg = CompressConfig(algorithm="rkv", budget=BUDGET, window=WINDOW, pooling="avg")
-    policy = RKV(cfg, chunk_bytes=cap)
+    rule = RKV(cfg, chunk_bytes=cap)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    small = policy.select_batch(keys, queries, lengths)
+    small = rule.select_batch(keys, queries, lengths)
     torch.cuda.synchronize()
     scratch = torch.cuda.max_memory_allocated() - base
     print(f"\n[memory] {rows} rows, cap {cap >> 20} MiB: peak scratch {scratch >> 20} MiB "
-          f"in chunks of {policy.rows_per_chunk(keys, queries)} rows")
+          f"in chunks of {rule.rows_per_chunk(keys, queries)} rows")
     assert scratch <= 1.25 * cap + small.numel() * 8
-    whole = policy.select_batch(keys, queries, lengths, chunk_bytes=64 << 30)
+    whole = rule.select_batch(keys, queries, lengths, chunk_bytes=64 << 30)
     agree = float((small == whole).all(dim=-1).float().mean())
     print(f"[memory] chunked vs unchunked head agreement {agree:.1%}")
     assert agree >= 0.98

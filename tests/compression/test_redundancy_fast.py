@@ -9,7 +9,7 @@ import torch
 from minisparse.compression.scoring import NORM_EPS, column_sums_torch, last_above
 
 from . import reference
-from .helpers import make_inputs, make_policy
+from .helpers import make_inputs, make_rule
 from triton_interpreter import import_interpreted
 
 
@@ -87,8 +87,8 @@ def test_batch_with_padding_any_threshold(threshold):
     lengths = [30, 57, 41]
     keys, lens = padded(lengths, fill=0.0)
     queries = torch.randn(len(lengths), 4, 4, 16, generator=torch.Generator().manual_seed(1))
-    policy = make_policy("rkv", budget=24, window=4, pooling="avg", sim_threshold=threshold)
-    kept = policy.select_batch(keys, queries, lens)
+    rule = make_rule("rkv", budget=24, window=4, pooling="avg", sim_threshold=threshold)
+    kept = rule.select_batch(keys, queries, lens)
     for b, n in enumerate(lengths):
         ref = reference.scores(keys[b, :, :n], queries[b], "rkv", pooling="avg",
                                sim_threshold=threshold)

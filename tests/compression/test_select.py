@@ -9,7 +9,7 @@ import torch
 from minisparse.config.schema import rule_names
 
 from . import reference
-from .helpers import make_inputs, make_policy
+from .helpers import make_inputs, make_rule
 
 BUDGET, WINDOW = 24, 4
 GROUPS = (1, 2, 4, 8)
@@ -25,14 +25,14 @@ def test_matches_reference(algorithm, selection, pooling, group_pooling, group):
     length = LENGTHS[case % len(LENGTHS)]
     h_kv = 1 + case % 3
     keys, queries = make_inputs(h_kv, group, length, WINDOW, seed=case)
-    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, pooling=pooling,
+    rule = make_rule(algorithm, budget=BUDGET, window=WINDOW, pooling=pooling,
                          group_pooling=group_pooling, selection=selection)
-    kept = policy.select(keys, queries)
+    kept = rule.select(keys, queries)
     ref = reference.scores(keys, queries, algorithm, pooling=pooling,
                            group_pooling=group_pooling)
     reference.check_selection(kept, ref, length, BUDGET, WINDOW, selection, atol=1e-6)
     # The scores themselves, computed in float64 by the fast path, match the reference.
-    fast = policy.score(keys.double(), queries.double())
+    fast = rule.score(keys.double(), queries.double())
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-12)
 
 
@@ -40,8 +40,8 @@ def test_matches_reference(algorithm, selection, pooling, group_pooling, group):
 def test_exact_indices_without_plateaus(algorithm):
     """kernel_size 1 in float64 leaves no ties: the very same indices as the reference."""
     keys, queries = make_inputs(2, 4, 70, WINDOW, seed=3, dtype=torch.float64)
-    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, kernel_size=1)
-    kept = policy.select(keys, queries)
+    rule = make_rule(algorithm, budget=BUDGET, window=WINDOW, kernel_size=1)
+    kept = rule.select(keys, queries)
     ref = reference.scores(keys, queries, algorithm, kernel_size=1)
     expected = ref.topk(BUDGET - WINDOW, dim=-1).indices
     expected = torch.cat([expected, torch.arange(70 - WINDOW, 70).expand(2, -1)], dim=-1)
@@ -53,8 +53,8 @@ def test_exact_indices_without_plateaus(algorithm):
 def test_redundancy_changes_the_selection():
     """R-KV and SnapKV must differ on keys with duplicates (the penalty is live)."""
     keys, queries = make_inputs(2, 2, 96, WINDOW, seed=5)
-    rkv = make_policy("rkv", budget=BUDGET, window=WINDOW).select(keys, queries)
-    snap = make_policy("snapkv", budget=BUDGET, window=WINDOW).select(keys, queries)
+    rkv = make_rule("rkv", budget=BUDGET, window=WINDOW).select(keys, queries)
+    snap = make_rule("snapkv", budget=BUDGET, window=WINDOW).select(keys, queries)
     assert not torch.equal(rkv, snap)
 
 
@@ -71,10 +71,10 @@ def test_threshold_rule_is_exercised():
 @pytest.mark.parametrize("algorithm", rule_names())
 @pytest.mark.parametrize("selection", ["per_head", "per_layer"])
 def test_invariants(algorithm, selection):
-    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, selection=selection)
+    rule = make_rule(algorithm, budget=BUDGET, window=WINDOW, selection=selection)
     for length in (BUDGET + 1, 3 * BUDGET):
         keys, queries = make_inputs(2, 4, length, WINDOW, seed=length)
-        kept = policy.select(keys, queries)
+        kept = rule.select(keys, queries)
         assert kept.dtype == torch.long and kept.shape == (2, BUDGET)
         for row in kept.tolist():
             assert row == sorted(set(row)) and 0 <= row[0] and row[-1] < length
@@ -85,7 +85,7 @@ def test_invariants(algorithm, selection):
 @pytest.mark.parametrize("length", [1, WINDOW, BUDGET - 1, BUDGET])
 def test_short_cache_keeps_everything(algorithm, length):
     keys, queries = make_inputs(3, 2, length, WINDOW)
-    kept = make_policy(algorithm, budget=BUDGET, window=WINDOW).select(keys, queries)
+    kept = make_rule(algorithm, budget=BUDGET, window=WINDOW).select(keys, queries)
     assert torch.equal(kept, torch.arange(length).expand(3, length))
 
 
@@ -93,7 +93,7 @@ def test_bfloat16_inputs_agree_by_score():
     """bf16 keys/queries: same selection as the float64 reference up to near-ties."""
     keys, queries = make_inputs(2, 8, 200, WINDOW, seed=11, dtype=torch.bfloat16)
     for algorithm in ("rkv", "snapkv"):
-        kept = make_policy(algorithm, budget=BUDGET, window=WINDOW).select(keys, queries)
+        kept = make_rule(algorithm, budget=BUDGET, window=WINDOW).select(keys, queries)
         ref = reference.scores(keys, queries, algorithm)
         # Near-tie tolerance: a few percent of the typical score size.
         reference.check_selection(kept, ref, 200, BUDGET, WINDOW, "per_head",
@@ -109,30 +109,30 @@ def test_bfloat16_inputs_agree_by_score():
 ])
 def test_streaming_llm_by_hand(n_sink, budget, expected):
     keys, queries = make_inputs(3, 2, 12, 2, seed=1)
-    policy = make_policy("streaming_llm", budget=budget, window=2, n_sink=n_sink)
-    assert policy.select(keys).tolist() == [expected] * 3
-    assert policy.select(keys, queries).tolist() == [expected] * 3  # queries unused
+    rule = make_rule("streaming_llm", budget=budget, window=2, n_sink=n_sink)
+    assert rule.select(keys).tolist() == [expected] * 3
+    assert rule.select(keys, queries).tolist() == [expected] * 3  # queries unused
 
 
 @pytest.mark.parametrize("selection", ["per_head", "per_layer"])
 @pytest.mark.parametrize("n_sink", [0, 1, 4, BUDGET - WINDOW, BUDGET + 3])
 def test_streaming_llm_matches_reference(selection, n_sink):
-    policy = make_policy("streaming_llm", budget=BUDGET, window=WINDOW, n_sink=n_sink,
+    rule = make_rule("streaming_llm", budget=BUDGET, window=WINDOW, n_sink=n_sink,
                          selection=selection)
     for length in LENGTHS:
         keys, _ = make_inputs(2, 1, length, WINDOW, seed=length)
         expected = reference.streaming_llm_kept(length, BUDGET, WINDOW, n_sink)
-        assert policy.select(keys).tolist() == [expected] * 2
+        assert rule.select(keys).tolist() == [expected] * 2
         ref = reference.scores(keys, None, "streaming_llm", window=WINDOW, budget=BUDGET,
                                n_sink=n_sink)
-        reference.check_selection(policy.select(keys), ref, length, BUDGET, WINDOW,
+        reference.check_selection(rule.select(keys), ref, length, BUDGET, WINDOW,
                                   selection, atol=0.0)
 
 
 def test_rules_that_need_queries_refuse_none():
     keys, _ = make_inputs(2, 1, 40, WINDOW)
     with pytest.raises(ValueError, match="^queries: SnapKV scores with"):
-        make_policy("snapkv", budget=BUDGET, window=WINDOW).select(keys)
+        make_rule("snapkv", budget=BUDGET, window=WINDOW).select(keys)
 
 
 def test_knorm_by_hand():
@@ -143,25 +143,25 @@ def test_knorm_by_hand():
     keys[0, :7, 0] = torch.tensor([3.0, 1.0, 4.0, 1.5, 5.0, 0.5, 2.0])
     keys[1, :7, 1] = torch.tensor([4.0, 6.0, 6.0, 0.2, 6.0, 6.0, 0.1])
     keys[:, 7] = 9.0  # the window: kept whatever its norm
-    kept = make_policy("knorm", budget=4, window=1).select(keys)
+    kept = make_rule("knorm", budget=4, window=1).select(keys)
     assert kept.tolist() == [[1, 3, 5, 7], [0, 3, 6, 7]]
-    per_layer = make_policy("knorm", budget=4, window=1, selection="per_layer").select(keys)
+    per_layer = make_rule("knorm", budget=4, window=1, selection="per_layer").select(keys)
     assert per_layer.tolist() == [[3, 5, 6, 7]] * 2
 
 
 @pytest.mark.parametrize("selection", ["per_head", "per_layer"])
 def test_knorm_matches_reference(selection):
-    policy = make_policy("knorm", budget=BUDGET, window=WINDOW, selection=selection)
+    rule = make_rule("knorm", budget=BUDGET, window=WINDOW, selection=selection)
     for length in LENGTHS:
         keys, _ = make_inputs(3, 1, length, WINDOW, seed=length)
         ref = reference.scores(keys, None, "knorm", window=WINDOW)
-        reference.check_selection(policy.select(keys), ref, length, BUDGET, WINDOW,
+        reference.check_selection(rule.select(keys), ref, length, BUDGET, WINDOW,
                                   selection, atol=1e-6)
-        fast = policy.score(keys.double())
+        fast = rule.score(keys.double())
         torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
     keys, _ = make_inputs(2, 1, 200, WINDOW, seed=11, dtype=torch.bfloat16)
     ref = reference.scores(keys, None, "knorm", window=WINDOW)  # bf16: up to near-ties
-    reference.check_selection(policy.select(keys), ref, 200, BUDGET, WINDOW, selection,
+    reference.check_selection(rule.select(keys), ref, 200, BUDGET, WINDOW, selection,
                               atol=1e-6 * float(ref.abs().mean()))
 
 
@@ -176,14 +176,14 @@ def test_protected_prompt_by_hand():
     keys = torch.zeros(1, 10, 2)
     keys[0, :8, 0] = torch.tensor([0.01, 0.02, 0.03, 5.0, 0.5, 4.0, 0.1, 3.0])
     keys[0, 8:] = 9.0
-    policy = make_policy("knorm", budget=4, window=2)
-    assert policy.select(keys).tolist() == [[0, 1, 8, 9]]
-    assert policy.select(keys, protected=3).tolist() == [[0, 1, 2, 4, 6, 8, 9]]
+    rule = make_rule("knorm", budget=4, window=2)
+    assert rule.select(keys).tolist() == [[0, 1, 8, 9]]
+    assert rule.select(keys, protected=3).tolist() == [[0, 1, 2, 4, 6, 8, 9]]
     # a cache that fits prompt + budget is kept whole; one token more is compressed:
     # window 6, 7; of the older 3, 4, 5 (norms 5, 0.5, 4) the two lowest, 4 and 5
-    assert policy.select(keys[:, :7], protected=3).tolist() == [list(range(7))]
-    assert policy.select(keys[:, :8], protected=3).tolist() == [[0, 1, 2, 4, 5, 6, 7]]
-    batch = policy.select_batch(keys[None], None, torch.tensor([10]),
+    assert rule.select(keys[:, :7], protected=3).tolist() == [list(range(7))]
+    assert rule.select(keys[:, :8], protected=3).tolist() == [[0, 1, 2, 4, 5, 6, 7]]
+    batch = rule.select_batch(keys[None], None, torch.tensor([10]),
                                 protected=torch.tensor([3]))
     assert batch.tolist() == [[[4, 6, 8, 9]]]  # the prompt stays put, outside the result
 
@@ -193,12 +193,12 @@ def test_protected_prompt_by_hand():
 def test_protected_prompt_keeps_the_rules_order_after_it(algorithm, selection):
     """With P protected positions each rule keeps all P, the window, and the top
     budget - window of its own scores among positions P .. L - W - 1."""
-    policy = make_policy(algorithm, budget=BUDGET, window=WINDOW, selection=selection)
+    rule = make_rule(algorithm, budget=BUDGET, window=WINDOW, selection=selection)
     length, prompt = 3 * BUDGET, 10
     keys, queries = make_inputs(2, 2, length, WINDOW, seed=7)
-    kept = policy.select(keys, queries, protected=prompt)
+    kept = rule.select(keys, queries, protected=prompt)
     assert kept.shape == (2, prompt + BUDGET)
-    scores = policy.score(keys, queries)  # [H_kv, L - W]
+    scores = rule.score(keys, queries)  # [H_kv, L - W]
     if selection == "per_layer":
         scores = scores.sum(dim=0, keepdim=True).expand(2, -1)
     top = scores[:, prompt:].topk(BUDGET - WINDOW, dim=-1).values[:, -1:]
@@ -213,18 +213,18 @@ def test_protected_prompt_keeps_the_rules_order_after_it(algorithm, selection):
 def test_protected_batch_equals_rows():
     """select_batch with per-row prompt lengths: each row as select() with its own,
     minus the protected prefix."""
-    policy = make_policy("rkv", budget=BUDGET, window=WINDOW, pooling="avg")
+    rule = make_rule("rkv", budget=BUDGET, window=WINDOW, pooling="avg")
     lengths, prompts = [BUDGET + 6, 3 * BUDGET, 2 * BUDGET + 5], [5, 17, 0]
     rows = [make_inputs(2, 2, n, WINDOW, seed=20 + i) for i, n in enumerate(lengths)]
     keys = torch.zeros(3, 2, max(lengths), 16)
     for i, (k, _) in enumerate(rows):
         keys[i, :, :k.shape[1]] = k
     queries = torch.stack([q for _, q in rows])
-    kept = policy.select_batch(keys, queries, torch.tensor(lengths),
+    kept = rule.select_batch(keys, queries, torch.tensor(lengths),
                                protected=torch.tensor(prompts))
     assert kept.shape == (3, 2, BUDGET)
     for i, ((k, q), p) in enumerate(zip(rows, prompts)):
-        assert torch.equal(kept[i], policy.select(k, q, protected=p)[:, p:])
+        assert torch.equal(kept[i], rule.select(k, q, protected=p)[:, p:])
     with pytest.raises(ValueError, match="protected \\+ budget"):
-        policy.select_batch(keys, queries, torch.tensor(lengths),
+        rule.select_batch(keys, queries, torch.tensor(lengths),
                             protected=torch.tensor([7, 17, 0]))  # 30 - 7 < budget + 1

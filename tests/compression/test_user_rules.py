@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import eval as eval_cli
-from minisparse.compression import RKV, RuleError, ScoringRule, build_policy, rule_class
+from minisparse.compression import RKV, RuleError, ScoringRule, build_rule, rule_class
 from minisparse.config.schema import CompressConfig
 from minisparse.config.schema import rule_names
 from minisparse.bench import run as bench
@@ -160,7 +160,7 @@ def test_unusable_rule_exits_2_with_one_line_before_a_model_loads(
 def test_scores_that_cannot_be_ranked_name_the_rule_in_one_line(user_path):
     """The docs promise a line naming what is wrong for bad inputs; a rule's bad output
     (scores of another shape, or an error of its own) ended in a traceback inside
-    policy.py that did not name the rule."""
+    rule.py that did not name the rule."""
     keys, queries = make_inputs(h_kv=2, group=2, length=40, window=4)
     lengths = torch.tensor([40])
     for spec, message in [
@@ -170,9 +170,9 @@ def test_scores_that_cannot_be_ranked_name_the_rule_in_one_line(user_path):
         ("my_rules:Raises", f"Raises.score_batch raised KeyError: 'missing' (at "
                             f"{_raising_line(user_path)})"),
     ]:
-        policy = build_policy(CompressConfig(algorithm=spec, budget=16, window=4))
+        rule = build_rule(CompressConfig(algorithm=spec, budget=16, window=4))
         with pytest.raises(RuleError) as info:
-            policy.select_batch(keys[None], queries[None], lengths)
+            rule.select_batch(keys[None], queries[None], lengths)
         assert str(info.value) == f"compress.algorithm={spec!r}: {message}"
 
 

@@ -104,7 +104,7 @@ def test_engine_from_config_sections_and_backend_protocol(qwen2):
     expected = int(0.01 * 2**30 * cfg.engine.kv_memory_fraction) // engine.pool.bytes_per_page()
     assert engine.pool.num_pages == expected - 1  # one scratch page
     outs = engine.generate(prompts(6), SamplingParams(max_new_tokens=4, seed=0))
-    assert len(outs) == 6 and engine.policy is not None
+    assert len(outs) == 6 and engine.rule is not None
 
 
 def test_end_of_turn_ends_a_sample_even_when_eos_is_end_of_text(tiny_path):

@@ -32,9 +32,10 @@ def test_micro_batches_sum_to_one_step(process_group):
     model = tiny_qwen2(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1,
                        max_positions=64).to(process_group)
     oracle = copy.deepcopy(model)
-    engine = build_train_engine(model, cfg, total_steps=10, device=process_group)
-    grads = grads_at_step(engine)
-    m = accumulate_and_step(engine, [[0, 2], [1], [3]], lambda rows: _loss(engine.module, rows))
+    train_engine = build_train_engine(model, cfg, total_steps=10, device=process_group)
+    grads = grads_at_step(train_engine)
+    m = accumulate_and_step(train_engine, [[0, 2], [1], [3]],
+                            lambda rows: _loss(train_engine.module, rows))
     whole, _ = _loss(oracle, [0, 1, 2, 3])
     whole.backward()
     for name, p in oracle.named_parameters():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from minisparse.compression.policy import ScoringRule
+from minisparse.compression.rule import ScoringRule
 from minisparse.compression.scoring import accumulate_dtype
 
 

@@ -42,11 +42,11 @@ class TrainingStateOffload:
     reload_states would bring its master weights to the GPU).
     """
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
-        device = next(engine.module.parameters()).device
-        self.active = (engine.zero_optimization_stage() > 0 and device.type == "cuda"
-                       and not engine.zero_cpu_offload())
+    def __init__(self, train_engine) -> None:
+        self.train_engine = train_engine
+        device = next(train_engine.module.parameters()).device
+        self.active = (train_engine.zero_optimization_stage() > 0 and device.type == "cuda"
+                       and not train_engine.zero_cpu_offload())
 
     def offload(self) -> None:
         """Everything the update alone needs: for the rollout."""
@@ -62,11 +62,11 @@ class TrainingStateOffload:
             from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
 
             include = [getattr(S, name) for name in names]
-            self.engine.offload_states(include=include, pin_memory=True)
+            self.train_engine.offload_states(include=include, pin_memory=True)
 
     def reload(self) -> None:
         if self.active:
-            self.engine.reload_states()
+            self.train_engine.reload_states()
 
 
 def _sync(device: torch.device) -> None:
@@ -125,17 +125,17 @@ def free_training_memory(offload: TrainingStateOffload, device: torch.device,
         torch.cuda.empty_cache()
 
 
-def rollout_memory(offload: TrainingStateOffload, rollout_engine, device: torch.device,
+def rollout_memory(offload: TrainingStateOffload, llm, device: torch.device,
                    keep_state: bool = False) -> None:
     """Training -> rollout: training memory freed (but for the state kept on the GPU), then
     the KV pool allocated (a share of what is free then)."""
     free_training_memory(offload, device, keep_state)
-    rollout_engine.wake()
+    llm.wake()
 
 
-def train_memory(offload: TrainingStateOffload, rollout_engine, device: torch.device) -> None:
+def train_memory(offload: TrainingStateOffload, llm, device: torch.device) -> None:
     """Rollout -> training: KV pool released, optimizer states back (what was moved)."""
-    rollout_engine.sleep()
+    llm.sleep()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     offload.reload()
@@ -200,30 +200,30 @@ class Swaps:
         if self.merged is not None:
             self.merged.refresh()
 
-    def to_rollout(self, rollout_engine, keep_state: bool | None = None) -> None:
+    def to_rollout(self, llm, keep_state: bool | None = None) -> None:
         """Training -> rollout: the merged copy first, then the KV pool its share;
         keep_state: this once (an evaluation's pool gets all the room: False)."""
         if self.merged is not None:
             self.merged.refresh()
-        rollout_memory(self.offload, rollout_engine, self.device,
+        rollout_memory(self.offload, llm, self.device,
                        self.keep_state if keep_state is None else keep_state)
 
-    def to_training(self, rollout_engine) -> None:
+    def to_training(self, llm) -> None:
         """Rollout -> training: the KV pool released, the state back, the merged copy freed."""
-        train_memory(self.offload, rollout_engine, self.device)
+        train_memory(self.offload, llm, self.device)
         if self.merged is not None:
             self.merged.release()
         self.sampling_side = False
 
-    def back_to_training(self, rollout_engine) -> None:
+    def back_to_training(self, llm) -> None:
         """to_training, where a rollout stopped before it (a stop before its update)."""
         if self.sampling_side:
-            self.to_training(rollout_engine)
+            self.to_training(llm)
 
     @contextmanager
-    def sampling(self, rollout_engine) -> Iterator[None]:
+    def sampling(self, llm) -> Iterator[None]:
         """The block in which the engine samples with the policy's current weights
         (gathered whole for it under ZeRO 3)."""
         with rollout_weights(self.train_engine):
-            rollout_engine.update_weights(self.sampled_model())
+            llm.update_weights(self.sampled_model())
             yield

@@ -43,22 +43,22 @@ def test_state_offload_roundtrip_on_gpu(stage):
     device = init_distributed()
     cfg = Config(zero_stage=stage)
     model = tiny_qwen2(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1).to(device)
-    engine = build_train_engine(model, cfg, 10, device)
+    train_engine = build_train_engine(model, cfg, 10, device)
 
     def step():
-        loss = engine(torch.arange(8, device=device)[None]).logits.float().pow(2).mean()
-        engine.backward(loss, scale_wrt_gas=False)
-        engine.step()
+        loss = train_engine(torch.arange(8, device=device)[None]).logits.float().pow(2).mean()
+        train_engine.backward(loss, scale_wrt_gas=False)
+        train_engine.step()
 
     step()  # creates the AdamW moments
     states = lambda: [
         v
-        for _, st in engine.optimizer.optimizer.state.items()
+        for _, st in train_engine.optimizer.optimizer.state.items()
         for v in st.values()
         if torch.is_tensor(v) and v.numel() > 1
     ]
     before = [v.clone() for v in states()]
-    offload = TrainingStateOffload(engine)
+    offload = TrainingStateOffload(train_engine)
     for _ in range(2):
         offload.offload()
         assert all(v.device.type == "cpu" and v.is_pinned() for v in states())
@@ -67,9 +67,9 @@ def test_state_offload_roundtrip_on_gpu(stage):
         for a, b in zip(before, states()):
             torch.testing.assert_close(a, b)
     step()  # training goes on after the round trips
-    assert engine.was_step_applied()
+    assert train_engine.was_step_applied()
     # The process group stays up: DeepSpeed keeps its groups for the process, so the next
-    # stage's engine, built on a new group, would find the old ones destroyed.
+    # stage's DeepSpeed engine, built on a new group, would find the old ones destroyed.
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -102,13 +102,13 @@ def test_swaps_merge_lora_weights_before_the_pool_and_free_them_for_training():
     from minisparse.models.lora import apply_lora
     from minisparse.trainer.memory.phases import Swaps
 
-    def engine(module):
+    def train_engine(module):
         return SimpleNamespace(module=module, zero_optimization_stage=lambda: 2,
                                zero_cpu_offload=lambda: False)
 
     policy = tiny_qwen2(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1)
     apply_lora(policy, LoraConfig(enabled=True, rank=2, alpha=4.0))
-    swaps = Swaps(engine(policy), torch.device("cpu"), keep_state=False)
+    swaps = Swaps(train_engine(policy), torch.device("cpu"), keep_state=False)
     calls = []
 
     class Rollout:
@@ -127,6 +127,6 @@ def test_swaps_merge_lora_weights_before_the_pool_and_free_them_for_training():
     swaps.to_training(Rollout())
     assert calls == [("wake", True), ("weights", True), ("sleep", True)]
     assert swaps.merged.merged_bytes == 0
-    plain = Swaps(engine(tiny_qwen2(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1)),
+    plain = Swaps(train_engine(tiny_qwen2(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1)),
                   torch.device("cpu"), keep_state=False)
     assert plain.merged is None and plain.sampled_model() is plain.train_engine.module

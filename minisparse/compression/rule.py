@@ -136,7 +136,7 @@ class ScoringRule:
         lengths [B] with protected[b] + budget < lengths[b] <= Lmax. Row b equals
         select(keys[b, :, :lengths[b]], queries[b], protected[b]) without its first
         protected[b] positions, which are kept where they are (None: no row has any).
-        chunk_bytes overrides the policy's scratch-memory cap for this call.
+        chunk_bytes overrides the rule's scratch-memory cap for this call.
         """
         _check(keys.dim() == 4, "keys",
                f"must be [B, H_kv, Lmax, D], got shape {tuple(keys.shape)}")
@@ -235,7 +235,7 @@ class ScoringRule:
         _check(q_rows == rows, "queries", f"batch {q_rows} != keys batch {rows}")
         _check(q_dim == dim, "queries", f"head dim {q_dim} != keys head dim {dim}")
         _check(window == self.window, "queries",
-               f"hold {window} positions, the policy's window is {self.window}")
+               f"hold {window} positions, the rule's window is {self.window}")
         _check(h_kv >= 1 and h_q % h_kv == 0, "queries",
                f"query heads {h_q} must be a multiple of KV heads {h_kv}")
         _check(keys.dtype == queries.dtype, "queries",
@@ -302,7 +302,7 @@ def _setting(spec: str) -> str:
     return f"compress.algorithm={spec!r}"
 
 
-def build_policy(cfg: CompressConfig) -> ScoringRule | None:
+def build_rule(cfg: CompressConfig) -> ScoringRule | None:
     """The rule a config asks for; None when algorithm is "none" (dense rollouts)."""
     return None if cfg.algorithm == "none" else rule_class(cfg.algorithm)(cfg)
 
