@@ -27,33 +27,24 @@ if __name__ == "__main__":  # Ctrl-C while the libraries below import: one line,
 
 import argparse
 import dataclasses
-import json
 import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from minisparse.config.cli import (ENGINE_KEYS, HelpFormatter, add_config_args,
                                    add_config_flags, config_overrides)
 from minisparse.config.load import dump_config, load_config, section_keys
-from minisparse.config.schema import Config, ConfigError, EvalConfig, RewardConfig
-from minisparse.data.benchmarks import (BenchmarkError, Problem, load_benchmarks,
-                                        parse_benchmark_names)
-from minisparse.data.prompts import check_prompt_template, problem_prompt_ids
+from minisparse.config.schema import Config, ConfigError, EvalConfig
+from minisparse.data.benchmarks import BenchmarkError, load_benchmarks, parse_benchmark_names
+from minisparse.data.prompts import check_prompt_template
 from minisparse.data.synthetic import Difficulty
-from minisparse.evaluation.results import (ResultsMismatchError, finished_results,
-                                           write_benchmark_results, write_json)
-from minisparse.evaluation.scores import format_table, sample_metrics, summarize
+from minisparse.evaluation.results import ResultsMismatchError
+from minisparse.evaluation.scores import format_table
 from minisparse.trainer.checkpoint import latest_checkpoint
 from minisparse.trainer.run_config import run_config_path
 from minisparse.utils.heartbeat import heartbeat
 from minisparse.utils.interrupt import CTRL_C_EXIT, ready
 from minisparse.utils.user_code import UserCodeError, print_error
-
-if TYPE_CHECKING:  # the engine imports torch: loaded once a model is (--help stays quick)
-    from minisparse.engine.backend import RolloutBackend
-    from minisparse.evaluation.generate import Shard
 
 # Config keys with a flag; a flag given on the command line becomes a KEY=VALUE override.
 MODEL_KEYS = ("model.path", "model.dtype")
@@ -216,65 +207,17 @@ def score(cfg: Config, eval_cfg: EvalConfig, problems: dict, output: Path,
           args: argparse.Namespace) -> dict:
     """Load cfg.model.path, build its rollout backend and evaluate it into `output`: the summary."""
     from minisparse.engine import make_backend
+    from minisparse.evaluation.loop import evaluate
     from minisparse.models.loading import load_policy
 
     device = _device(args.device)
     with heartbeat("load", enabled=args.progress):
         model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
-        check_prompt_template(tokenizer, eval_cfg.prompt_template)  # before the engine
+        check_prompt_template(tokenizer, eval_cfg.prompt_template)  # before the backend
         llm = make_backend(cfg, model, tokenizer, device)
     return evaluate(llm, tokenizer, eval_cfg, output, problems=problems,
                     settings=run_settings(cfg, eval_cfg.benchmarks), seed=cfg.seed,
                     reward=cfg.reward, overwrite=args.overwrite, progress=args.progress)
-
-
-def evaluate(llm: RolloutBackend, tokenizer: Any, eval_cfg: EvalConfig,
-             output: Path | None = None, *, problems: dict[str, list[Problem]],
-             settings: dict | None = None, seed: int | None = None,
-             reward: RewardConfig | None = None, overwrite: bool = False,
-             progress: bool = True, log: Callable[[str], None] = print,
-             shard: Shard | None = None) -> dict:
-    """For each benchmark: prompts -> generate -> grade -> score, written to output/NAME;
-    the summary (also output/summary.json). `settings` (model, compression, ...) is
-    recorded with every result and must match for a finished benchmark in output to be
-    read back instead (overwrite: redo it). Eval settings of None take each benchmark's
-    protocol (32 samples and 16,384 tokens for aime24, amc23). reward: how responses are
-    graded (workers, timeout_s; its function is not used: benchmarks take the math
-    grader). With a Shard (train.py) every rank calls this, generates its block of each
-    benchmark and gets the same summary; rank 0 writes."""
-    from minisparse.engine.config import SamplingParams
-    from minisparse.evaluation.generate import Shard, generate_and_grade, protocol_for
-
-    shard = shard or Shard()
-    check_prompt_template(tokenizer, eval_cfg.prompt_template)
-    common = json.loads(json.dumps({
-        **(settings or {}), "prompt_template": eval_cfg.prompt_template,
-        "temperature": eval_cfg.temperature, "top_p": eval_cfg.top_p, "seed": seed,
-        "limit": eval_cfg.limit}))
-    each = {name: dict(common, **dict(zip(("n_samples", "max_new_tokens"),
-                                          protocol_for(name, eval_cfg)))) for name in problems}
-    results = finished_results(output, each, overwrite)  # before any generation
-    for name, items in problems.items():
-        n, max_new = each[name]["n_samples"], each[name]["max_new_tokens"]
-        if name in results:
-            log(f"[{name}] finished earlier in {output / name}, skipped (--overwrite to redo)")
-            continue
-        log(f"[{name}] {len(items)} problems x {n} samples, <= {max_new} new tokens")
-        prompts = [problem_prompt_ids(tokenizer, p, eval_cfg.prompt_template) for p in items]
-        params = SamplingParams.from_config(eval_cfg, n, max_new, seed)
-        # a log file (no bar drawn) gets a line every half minute (utils/heartbeat.py)
-        with heartbeat(name, enabled=progress and shard.rank == 0):
-            records, timing = generate_and_grade(llm, tokenizer, items, prompts, params,
-                                                 reward, progress, shard)
-        results[name] = {"n_samples": n, "max_new_tokens": max_new,
-                         **sample_metrics(records, n), **timing}
-        if output is not None and shard.rank == 0:
-            write_benchmark_results(output / name, records,
-                                    {"settings": each[name], "metrics": results[name]})
-    summary = summarize(common, {name: results[name] for name in problems})
-    if output is not None and shard.rank == 0:
-        write_json(output / "summary.json", summary)
-    return summary
 
 
 def base_line(name: str, summary: dict, base: str, base_summary: dict, where: Path) -> str:

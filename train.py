@@ -100,8 +100,8 @@ from minisparse.grpo.rollout import (
     score_batch,
 )
 from minisparse.evaluation.generate import Shard
+from minisparse.evaluation.loop import evaluate
 from minisparse.evaluation.scores import flat_metrics
-from eval import evaluate  # in-training evaluation is eval.py's loop
 
 # The console line of each rollout: (column, metric, what it means in plain words, for the
 # legend printed once at start).

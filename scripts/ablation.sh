@@ -159,7 +159,7 @@ on_exit() {  # what leaves the machine: the pack, the records
     [ -n "$PACK" ] && tar czf "$PACK" --exclude=checkpoints --exclude=tensorboard "$ROOT"
     local run runs=()
     for run in "${NAMES[@]}"; do [ -d "$ROOT/$run" ] && runs+=("$ROOT/$run"); done
-    [ -n "$RECORDS" ] && [ ${#runs[@]} -gt 0 ] && python3 scripts/keep_records.py "${runs[@]}" \
+    [ -n "$RECORDS" ] && [ ${#runs[@]} -gt 0 ] && python3 -m scripts.keep_records "${runs[@]}" \
         --out "$RECORDS"
     return 0
 }

@@ -1,7 +1,7 @@
 """The training-side peer: what a plain Hugging Face loop gets for the same log-prob and
 update work as scripts/bench_train_phases.py, on the same GPU, in the same command.
 
-    python scripts/bench_hf_peer.py --stacks hf,liger,liger_fa4 --samples 32 \
+    python -m scripts.bench_hf_peer --stacks hf,liger,liger_fa4 --samples 32 \
         --prompt-len 160 --response-len 3840 --seqs-per-mb 4 --repeats 3
 
 The model is the named shape's transformers model with random bf16 weights (the same
@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from minisparse.models.flops import flop_shape, forward_flops, peak_flops  # noqa: E402
-from minisparse.models.loading import SHAPES, shape_config  # noqa: E402
-from minisparse.models.tiny import TINY_MODEL  # noqa: E402
-from minisparse.trainer.memory.phases import timed  # noqa: E402
+from minisparse.models.flops import flop_shape, forward_flops, peak_flops
+from minisparse.models.loading import SHAPES, shape_config
+from minisparse.models.tiny import TINY_MODEL
+from minisparse.trainer.memory.phases import timed
 
 STACKS = ("hf", "liger", "liger_fa4")
 

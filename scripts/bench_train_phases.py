@@ -1,7 +1,7 @@
 """Times train.py's log-prob and update phases for several variants, in one process a GPU
 (torchrun --nproc_per_node N for ZeRO across N ranks; rank 0 reports).
 
-    python scripts/bench_train_phases.py --config qwen3b_rkv --set model.path=qwen2.5-3b \
+    python -m scripts.bench_train_phases --config qwen3b_rkv --set model.path=qwen2.5-3b \
         --samples 128 --response-len 1024 --repeats 2
 
 One DeepSpeed engine (the config's ZeRO stage, AdamW, bf16) and one reference model, a
@@ -32,23 +32,21 @@ from dataclasses import dataclass
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import train  # noqa: E402
-from minisparse.config.cli import add_config_args, config_from_args  # noqa: E402
-from minisparse.grpo.rollout import RolloutBatch  # noqa: E402
-from minisparse.models import fused_logprobs  # noqa: E402
-from minisparse.models.attention import use_attention  # noqa: E402
-from minisparse.models.checkpointing import checkpoint_layers, checkpointed_count  # noqa: E402
-from minisparse.models.flops import flop_shape, peak_flops  # noqa: E402
-from minisparse.models.liger import use_liger_kernel  # noqa: E402
-from minisparse.models.loading import load_policy  # noqa: E402
-from minisparse.utils import distributed as dist  # noqa: E402
-from minisparse.trainer.logprobs import batch_logprobs  # noqa: E402
-from minisparse.trainer.memory.phases import Swaps, phase  # noqa: E402
-from minisparse.trainer.memory.plan import not_planned, plan_memory  # noqa: E402
-from minisparse.trainer.policy import Reference  # noqa: E402
-from minisparse.trainer.train_engine import build_train_engine  # noqa: E402
+import train
+from minisparse.config.cli import add_config_args, config_from_args
+from minisparse.grpo.rollout import RolloutBatch
+from minisparse.models import fused_logprobs
+from minisparse.models.attention import use_attention
+from minisparse.models.checkpointing import checkpoint_layers, checkpointed_count
+from minisparse.models.flops import flop_shape, peak_flops
+from minisparse.models.liger import use_liger_kernel
+from minisparse.models.loading import load_policy
+from minisparse.utils import distributed as dist
+from minisparse.trainer.logprobs import batch_logprobs
+from minisparse.trainer.memory.phases import Swaps, phase
+from minisparse.trainer.memory.plan import not_planned, plan_memory
+from minisparse.trainer.policy import Reference
+from minisparse.trainer.train_engine import build_train_engine
 
 @dataclass(frozen=True)
 class Variant:

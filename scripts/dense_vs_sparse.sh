@@ -79,7 +79,7 @@ for name in sparse dense; do
     echo "=== $name"
     [ -f "$ROOT/$name.log" ] || { echo "not run yet (RUNS=$name, same ROOT)"; continue; }
     grep -E "^  (rollout|chosen)|^rollout KV cache" "$ROOT/$name.log" | cut -c1-200
-    [ -f "$ROOT/$name/metrics.jsonl" ] && python3 scripts/phase_table.py \
+    [ -f "$ROOT/$name/metrics.jsonl" ] && python3 -m scripts.phase_table \
         "$ROOT/$name/metrics.jsonl" --prefix perf/ --key compress/peak_cache_tokens_mean | tail -30
 done
-python3 scripts/pair_table.py "$ROOT" --expect "$RUNS"
+python3 -m scripts.pair_table "$ROOT" --expect "$RUNS"

@@ -63,7 +63,7 @@ fi
 wait $run
 echo "train exit $? (log: $LOG)"; tail -3 "$LOG"
 
-[ -f "$RUN_DIR/metrics.jsonl" ] && python3 scripts/phase_table.py "$RUN_DIR/metrics.jsonl" \
+[ -f "$RUN_DIR/metrics.jsonl" ] && python3 -m scripts.phase_table "$RUN_DIR/metrics.jsonl" \
     --prefix perf/ --prefix eval/ --key rollout/response_len_mean \
     --key compress/peak_cache_tokens_mean --key mismatch/kl_k1 --key rs/kept_token_frac
 python3 - "$RUN_DIR" <<'PY'

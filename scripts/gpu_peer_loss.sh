@@ -35,7 +35,7 @@ SAMPLES=$(python3 -c "from minisparse.config.load import load_config as l
 print($PROMPTS * l('$CONFIG').n_samples_per_prompt)") || exit 2
 rm -rf "$OUT"
 # one optimizer step a rollout over all samples; one checkpoint kept (a 1.5B one is 22 GB)
-python3 scripts/peer_loss.py --out "$OUT" --config "$CONFIG" --peer-timeout "$PEER_TIMEOUT" \
+python3 -m scripts.peer_loss --out "$OUT" --config "$CONFIG" --peer-timeout "$PEER_TIMEOUT" \
     --cases "$CASES" --gpus --set model.path="$MODEL" --set data.path=synthetic \
     --set max_response_len="$LEN" --set rollout_batch_size="$PROMPTS" \
     --set global_batch_size="$SAMPLES" --set num_steps_per_rollout=1 \

@@ -36,7 +36,7 @@ if [[ $STEPS == *bench* ]]; then
 fi
 
 summary() {  # phase times / memory / mismatch of each rollout in a metrics.jsonl
-    python3 scripts/phase_table.py "$1" --prefix mismatch/ --prefix tis/ --prefix rs/ \
+    python3 -m scripts.phase_table "$1" --prefix mismatch/ --prefix tis/ --prefix rs/ \
         --key perf/rollout_tokens --key perf/rollout_tokens_per_s \
         --key rollout/response_len_mean --key train/grad_norm --key train/pg_loss
 }

@@ -6,7 +6,7 @@ sample_index and correct, which is what the paired differences of `python -m
 minisparse.plot --group --table` and `--evals` need; the benchmark's rows and the answers
 stay behind, and so do checkpoints, TensorBoard and logs. docs/runs/real/ was kept so.
 
-    python3 scripts/keep_records.py outputs/ablation/*_seed* --out docs/runs/real
+    python3 -m scripts.keep_records outputs/ablation/*_seed* --out docs/runs/real
 """
 from __future__ import annotations
 

@@ -5,28 +5,24 @@ KV head)'s kept positions through each compaction, and reports which share of ea
 part (system turn, question, instruction) is still cached at the end, and at which
 response token compression starts.
 
-    python scripts/kv_retention.py --model checkpoints/smollm2-135m-instruct \
+    python -m scripts.kv_retention --model checkpoints/smollm2-135m-instruct \
         --config smollm2_rkv --prompts 16 --max-new 300
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from collections import defaultdict
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from minisparse.data.benchmarks import load_benchmark  # noqa: E402
-from minisparse.config.load import load_config  # noqa: E402
-from minisparse.data.synthetic import Difficulty  # noqa: E402
-from minisparse.engine import SamplingParams, engine as engine_mod  # noqa: E402
-from minisparse.engine.engine import LLMEngine  # noqa: E402
-from minisparse.data.prompts import prompt_token_ids  # noqa: E402
-from minisparse.models.loading import load_policy  # noqa: E402
+from minisparse.data.benchmarks import load_benchmark
+from minisparse.config.load import load_config
+from minisparse.data.synthetic import Difficulty
+from minisparse.engine import SamplingParams, engine as engine_mod
+from minisparse.engine.engine import LLMEngine
+from minisparse.data.prompts import prompt_token_ids
+from minisparse.models.loading import load_policy
 
 
 class Positions:

@@ -2,10 +2,10 @@
 (minisparse/grpo) and of the training loop's wiring (train.py), each followed by the fast
 tier (pytest -m algorithm); a mutation the tier passes has survived.
 
-    python scripts/mutation_check.py              # every mutation; exit 1 if one survives
-    python scripts/mutation_check.py --list       # the mutations, numbered
-    python scripts/mutation_check.py --only 1 12  # some of them
-    python scripts/mutation_check.py --only 7 --tests tests/test_train_learns.py
+    python -m scripts.mutation_check              # every mutation; exit 1 if one survives
+    python -m scripts.mutation_check --list       # the mutations, numbered
+    python -m scripts.mutation_check --only 1 12  # some of them
+    python -m scripts.mutation_check --only 7 --tests tests/test_train_learns.py
 
 Each mutation is applied in a scratch copy of the working tree (tracked files and new ones
 git does not ignore), so the checkout is never touched and an interrupted check leaves

@@ -6,19 +6,16 @@ compressed, and over several ROOTs (repeats of one pair) the median of every col
 of the ratios: a step depends on how long the longest sampled answer runs, so one pair
 of a real model is one draw, and docs/benchmarks.md reports medians.
 
-    python3 scripts/pair_table.py ROOT [ROOT ...] [--rollout N] [--expect "sparse dense"]
+    python3 -m scripts.pair_table ROOT [ROOT ...] [--rollout N] [--expect "sparse dense"]
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from minisparse.plot.curves import PlotError, read_metrics  # noqa: E402
+from minisparse.plot.curves import PlotError, read_metrics
 
 RUNS = ("sparse", "dense")
 COLUMNS = (  # header, metric, format

@@ -7,7 +7,7 @@ commands then resume with every rollout once in metrics.jsonl. `SIGTERM logprobs
 `sigterm`: node 1 dies, then node 0 gets SIGTERM (what torchrun sends the others): it must
 stop within the stop's limit (15 s), saying that it could not save.
 
-    python scripts/peer_loss.py --out /tmp/peer_loss                    # CPU: gloo, tiny
+    python -m scripts.peer_loss --out /tmp/peer_loss                    # CPU: gloo, tiny
     bash scripts/gpu_peer_loss.sh                                       # 2 GPUs: NCCL
 
 The signal comes from inside the worker (soak_resume.py's traced child: a timer armed as
@@ -68,7 +68,7 @@ def node(rank: int, port: str, out: Path, setup: Setup, target: str = "end",
     OUT.parent/node{rank}.log."""
     cmd = [sys.executable, "-m", "minisparse.launch", "--nnodes", "2", "--node_rank", str(rank),
            "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
-           "scripts/soak_resume.py", "--child", str(marks_of(out, rank)), target, "0",
+           "-m", "scripts.soak_resume", "--child", str(marks_of(out, rank)), target, "0",
            signal_name, "--", "--config", setup.config, "--set", f"output_dir={out}",
            *[arg for key in (setup.sets if sets is None else sets) for arg in ("--set", key)]]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}

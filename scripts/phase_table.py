@@ -3,7 +3,7 @@
 Then the metrics asked for (--prefix, --key): the table the GPU check scripts print after
 their training runs.
 
-    python3 scripts/phase_table.py RUN/metrics.jsonl [--prefix mismatch/ ...] [--key K ...]
+    python3 -m scripts.phase_table RUN/metrics.jsonl [--prefix mismatch/ ...] [--key K ...]
 """
 from __future__ import annotations
 

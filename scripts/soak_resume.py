@@ -41,7 +41,7 @@ each and in order, and no step (start-up, or one phase to the next) took longer 
 one starts. Exit status 1, with the failures listed, when any check fails. Logs and
 phase marks: OUT/logs/.
 
-    python scripts/soak_resume.py --kills 20 --out /tmp/soak
+    python -m scripts.soak_resume --kills 20 --out /tmp/soak
 """
 
 
@@ -86,7 +86,6 @@ def child(marks: str, target: str, delay: float, argv: list[str],
             kill()
 
     arm("startup")
-    sys.path.insert(0, str(REPO))
     import train
 
     current = {"rollout": 0}
@@ -252,8 +251,8 @@ class Soak:
         sets = [f"output_dir={run_dir}", f"num_rollout={self.rollouts}", "save_interval=1",
                 "save_total_limit=2", "resume=auto", "loss.entropy_coef=0.01",
                 f"cpu_threads={len(os.sched_getaffinity(0))}", *self.extra]
-        cmd = [sys.executable, __file__, "--child", str(marks), target, str(delay), "--",
-               "--config", "tiny_rkv", *[arg for key in sets for arg in ("--set", key)]]
+        cmd = [sys.executable, "-m", "scripts.soak_resume", "--child", str(marks), target,
+               str(delay), "--", "--config", "tiny_rkv", *[arg for key in sets for arg in ("--set", key)]]
         with open(log, "w") as handle:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT)
         return Launch(proc, marks, log, time.time())

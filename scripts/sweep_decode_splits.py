@@ -2,7 +2,7 @@
 lengths rollouts of the 1.5B hold (--configs BxL), for each --splits value: whether the
 split rule (triton_decode.choose_splits) fits short caches.
 
-    PYTHONPATH=. python scripts/sweep_decode_splits.py --q-heads 12 --kv-heads 2 \
+    python -m scripts.sweep_decode_splits --q-heads 12 --kv-heads 2 \
         --configs 16x224,16x768,64x224,64x768,256x224,256x768 --splits 1,2,3,4,6,8,12,16
 """
 from __future__ import annotations

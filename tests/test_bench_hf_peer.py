@@ -1,7 +1,6 @@
 """scripts/bench_hf_peer.py on the CPU: the peer loop runs, and it computes the same
 response log-probs as the trainer's packed pass, so the two time the same work."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,20 +12,18 @@ from minisparse.models.attention import use_attention
 from minisparse.trainer.logprobs import batch_logprobs
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "bench_hf_peer.py"
 
 
 def _peer():
-    spec = importlib.util.spec_from_file_location("bench_hf_peer", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts import bench_hf_peer
+
+    return bench_hf_peer
 
 
 def test_the_loop_runs_and_reports_each_repeat(tmp_path):
     out = tmp_path / "peer.json"
     res = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", "tiny", "--stacks", "hf", "--samples", "4",
+        [sys.executable, "-m", "scripts.bench_hf_peer", "--model", "tiny", "--stacks", "hf", "--samples", "4",
          "--prompt-len", "8", "--response-len", "24", "--seqs-per-mb", "2", "--repeats", "2",
          "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr[-3000:]

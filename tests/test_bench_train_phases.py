@@ -13,7 +13,7 @@ def test_two_ranks_report_once(tmp_path):
     out = tmp_path / "bench.json"
     res = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "scripts/bench_train_phases.py", "--config", "tiny_rkv", "--samples", "6",
+         "-m", "scripts.bench_train_phases", "--config", "tiny_rkv", "--samples", "6",
          "--prompt-len", "12", "--response-len", "20", "--repeats", "1",
          "--variants", "default,default_16k", "--set", "zero_stage=1", "--json", str(out),
          "--profile", "5", "--profile-new-lengths"],

@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "dense_vs_sparse.sh"
-PAIR_TABLE = REPO / "scripts" / "pair_table.py"
+PAIR_TABLE = [sys.executable, "-m", "scripts.pair_table"]
 
 
 def _tiny_env(root: Path) -> dict[str, str]:
@@ -94,7 +94,7 @@ def test_pair_table_medians_over_repeated_pairs(tmp_path):
     for label, sparse, dense in (("a", 20.0, 30.0), ("b", 25.0, 25.0), ("c", 40.0, 44.0)):
         _write_pair(tmp_path / label, sparse, dense)
     roots = [str(tmp_path / label) for label in "abc"]
-    res = subprocess.run([sys.executable, str(PAIR_TABLE), *roots], capture_output=True,
+    res = subprocess.run([*PAIR_TABLE, *roots], cwd=REPO, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
@@ -105,15 +105,15 @@ def test_pair_table_medians_over_repeated_pairs(tmp_path):
             "(rollout 1.50x)") in lines
     assert lines[-1] == ("median of 3 pairs: dense / compressed 1.10x a step (1.00-1.50x), "
                          "1.10x a rollout (1.00-1.50x)")
-    earlier = subprocess.run([sys.executable, str(PAIR_TABLE), roots[0], "--rollout", "2"],
+    earlier = subprocess.run([*PAIR_TABLE, roots[0], "--rollout", "2"], cwd=REPO,
                              capture_output=True, text=True, timeout=60)
     assert "a: rollout 2: step dense 29.0 s, compressed 19.0 s: dense / compressed 1.53x" \
         in earlier.stdout
-    missing = subprocess.run([sys.executable, str(PAIR_TABLE), roots[0], "--rollout", "5"],
+    missing = subprocess.run([*PAIR_TABLE, roots[0], "--rollout", "5"], cwd=REPO,
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1
     assert "no step-time ratio: sparse and dense did not finish rollout 5" in missing.stderr
-    elsewhere = subprocess.run([sys.executable, str(PAIR_TABLE), str(tmp_path)],
+    elsewhere = subprocess.run([*PAIR_TABLE, str(tmp_path)], cwd=REPO,
                                capture_output=True, text=True, timeout=60)
     assert elsewhere.returncode == 2
     assert elsewhere.stderr == (f"{tmp_path}: not a pair's folder (it holds no sparse/ or "

@@ -40,3 +40,14 @@ def test_checkpoint_paths_are_the_ones_runs_write(doc):
         assert "checkpoints" in parts, path
         after = parts[parts.index("checkpoints") + 1:]
         assert after and NAME.match(after[0]) and after[1:] in ([], ["hf"]), path
+
+
+def test_scripts_run_as_modules():
+    """scripts/*.py import the package as train.py does, run as `python -m scripts.NAME`
+    from the repository root: none edits sys.path, and no doc or shell script runs one by
+    its path (which would leave minisparse unimportable)."""
+    scripts = sorted((REPO / "scripts").glob("*.py"))
+    assert [p.name for p in scripts if "sys.path.insert" in p.read_text()] == []
+    by_path = re.compile(r"(?:python3?|torchrun)(?:\s+--?[\w-]+(?:[ =][\w.]+)?)*\s+scripts/\w+\.py")
+    texts = [*DOCS, *(REPO / "scripts").glob("*.sh"), *scripts]
+    assert [p.name for p in texts if by_path.search(p.read_text())] == []

@@ -280,7 +280,7 @@ def test_the_first_rollouts_groups_are_the_records():
 
 def _pair_table(*names: str) -> str:
     pairs = [str(RUNS / "pair" / name) for name in names]
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "pair_table.py"), *pairs],
+    return subprocess.run([sys.executable, "-m", "scripts.pair_table", *pairs], cwd=REPO,
                           capture_output=True, text=True, check=True).stdout
 
 

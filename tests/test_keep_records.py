@@ -6,12 +6,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "keep_records.py"
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "scripts.keep_records", *map(str, args)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
 def _fake_run(root):

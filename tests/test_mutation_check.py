@@ -1,17 +1,12 @@
 """scripts/mutation_check.py: every mutation on its list still applies to the code as it
 is (one line, found once), so the list cannot go stale silently."""
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from scripts import mutation_check
+
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("mutation_check",
-                                               REPO / "scripts" / "mutation_check.py")
-mutation_check = importlib.util.module_from_spec(_spec)
-sys.modules["mutation_check"] = mutation_check  # dataclasses look their module up
-_spec.loader.exec_module(mutation_check)
 
 pytestmark = pytest.mark.algorithm
 

@@ -1,19 +1,13 @@
 """scripts/soak_resume.py: tiny runs SIGKILLed in each phase (start-up, rollout, update,
 checkpoint save) and resumed, every step bounded in time; and its checks, each shown to
 catch what it is for."""
-import importlib.util
 import json
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("soak_resume", REPO / "scripts" / "soak_resume.py")
-soak_resume = importlib.util.module_from_spec(_spec)
-sys.modules["soak_resume"] = soak_resume  # dataclasses look their module up
-_spec.loader.exec_module(soak_resume)
+from scripts import soak_resume
 
 
 def test_four_kills_one_per_phase_each_resumed_to_the_same_result(tmp_path, _minisparse_cache):

@@ -492,7 +492,7 @@ def test_ctrl_c_in_training_names_the_checkpoint_and_the_command_that_resumes(
 
 def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
     """Two ranks train and split the evaluation (2 + 1 problems); rank 0 writes the
-    gathered samples in problem order (tests/test_eval_loop.py checks that the split
+    gathered samples in problem order (tests/evaluation/test_loop.py checks that the split
     scores equal one process's)."""
     out = tmp_path / "ddp"
     env = _env(_minisparse_cache)

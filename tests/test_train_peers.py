@@ -3,18 +3,13 @@ scripts/peer_loss.py): a rank frozen (kill -STOP) or killed (kill -9) mid-rollou
 mid-update ends the other within dist.peer_timeout_s + 30 s, non-zero, with one line
 naming it and no traceback; the same commands then resume with every rollout once. A
 SIGTERM to a run whose peer is dead ends it within the stop's limit, saying so."""
-import importlib.util
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("peer_loss", REPO / "scripts" / "peer_loss.py")
-peer_loss = importlib.util.module_from_spec(_spec)
-sys.modules["peer_loss"] = peer_loss  # dataclasses look their module up
-_spec.loader.exec_module(peer_loss)
+from scripts import peer_loss
+
 
 PEER_TIMEOUT_S = 10
 

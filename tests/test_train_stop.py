@@ -1,17 +1,14 @@
 """A stop signal in each phase of a tiny CPU run keeps the state of the last completed
 update, and the same command resumes to the same run as one never stopped."""
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from scripts import soak_resume
+
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("soak_resume", REPO / "scripts" / "soak_resume.py")
-soak_resume = importlib.util.module_from_spec(_spec)
-sys.modules["soak_resume"] = soak_resume  # dataclasses look their module up
-_spec.loader.exec_module(soak_resume)
 
 # save_interval 5: a stop must save what a periodic save would not have
 SETS = ["num_rollout=5", "save_interval=5", "loss.entropy_coef=0.01", "log.tensorboard=false"]
@@ -22,7 +19,7 @@ def launch(out: Path, target: str, cache: Path, signal_name: str = "SIGTERM",
     """train.py with `signal_name` sent from inside as `target` starts ('reward 3';
     'end': never), soak_resume.py's traced child."""
     marks = out.parent / f"marks_{out.name}_{target.replace(' ', '_')}"
-    cmd = [sys.executable, "scripts/soak_resume.py", "--child", str(marks), target, "0",
+    cmd = [sys.executable, "-m", "scripts.soak_resume", "--child", str(marks), target, "0",
            signal_name, "--", "--config", "tiny_rkv", "--set", f"output_dir={out}",
            *[arg for key in sets for arg in ("--set", key)]]
     env = {k: v for k, v in os.environ.items()

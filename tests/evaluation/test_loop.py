@@ -1,4 +1,4 @@
-"""eval.py's loop (evaluate) with a scripted engine whose responses are known, so accuracy,
+"""The evaluation loop (evaluation/loop.py) with a scripted engine whose responses are known, so accuracy,
 pass@k, the result files and resume can be checked exactly; and split over ranks as
 train.py's in-training evaluation runs it."""
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from minisparse.config.schema import RewardConfig
 from minisparse.data.benchmarks import Problem
-from eval import evaluate
+from minisparse.evaluation.loop import evaluate
 from minisparse.evaluation.results import ResultsMismatchError
 from minisparse.evaluation.scores import flat_metrics, format_table
 
