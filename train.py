@@ -257,7 +257,7 @@ def reward_phase(run: Run, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str,
     advantages, stats = compute_advantages(
         batch.rewards, run.cfg.n_samples_per_prompt, batch.response_mask.sum(dim=1), run.cfg.loss
     )
-    return replace(batch, advantages=advantages), rollout_metrics(batch, batch.grade_stats) | stats
+    return replace(batch, advantages=advantages), rollout_metrics(batch) | stats
 
 
 def logprob_phase(run: Run, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
@@ -286,7 +286,7 @@ def update_phase(run: Run, batch: RolloutBatch) -> dict[str, float]:
     steps = [accumulate_and_step(train_engine, micro_batches,
                                  grpo_loss_fn(run, batch, micro_batches), offload)
              for micro_batches in step_micro_batches(lengths, cfg.num_steps_per_rollout,
-                                                     cfg.max_tokens_per_gpu)]
+                                                     run.plan.update_tokens)]
     metrics = {key: mean(s[key] for s in steps) for key in steps[0]
                if key not in ("train/step_skipped", "time/optimizer_step_s")}
     return metrics | {

@@ -15,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from minisparse.plot.curves import PlotError, read_metrics
+from minisparse.plot.metrics import PlotError, read_metrics
 
 RUNS = ("sparse", "dense")
 COLUMNS = (  # header, metric, format

@@ -3,12 +3,15 @@
 Then the metrics asked for (--prefix, --key): the table the GPU check scripts print after
 their training runs.
 
-    python3 -m scripts.phase_table RUN/metrics.jsonl [--prefix mismatch/ ...] [--key K ...]
+    python3 -m scripts.phase_table RUN[/metrics.jsonl] [--prefix mismatch/ ...] [--key K ...]
 """
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+from pathlib import Path
+
+from minisparse.plot.metrics import PlotError, read_metrics
 
 
 def print_rollout(row: dict, prefixes: tuple[str, ...], keys: list[str]) -> None:
@@ -23,17 +26,23 @@ def print_rollout(row: dict, prefixes: tuple[str, ...], keys: list[str]) -> None
         print(f"{k:34s} {row.get(k, float('nan')):.6g}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("metrics", help="a run's metrics.jsonl")
+    ap.add_argument("run", help="a run's output_dir, or its metrics.jsonl")
     ap.add_argument("--prefix", action="append", default=[],
                     help="also every metric whose name starts with this (repeatable)")
     ap.add_argument("--key", action="append", default=[], help="also this metric (repeatable)")
-    args = ap.parse_args()
-    with open(args.metrics) as f:
-        for line in f:
-            print_rollout(json.loads(line), tuple(args.prefix), args.key)
+    args = ap.parse_args(argv)
+    run = Path(args.run)
+    try:
+        rows = read_metrics(run.parent if run.name == "metrics.jsonl" else run)
+    except PlotError as exc:
+        print(f"phase_table: {exc}", file=sys.stderr)
+        return 2
+    for row in rows:
+        print_rollout(row, tuple(args.prefix), args.key)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

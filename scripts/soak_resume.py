@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from minisparse.plot.metrics import read_rows
+
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("startup", "rollout", "update", "save")
 TRACED = {"rollout": "rollout_phase", "reward": "reward_phase", "logprobs": "logprob_phase",
@@ -131,11 +133,9 @@ def landed(marks: list[Mark]) -> str:
 
 
 def metrics_rollouts(out: Path) -> list[int]:
-    """Rollout of each complete row of metrics.jsonl (a row torn by the kill is left out:
-    the resume drops it)."""
-    path = out / "metrics.jsonl"
-    lines = path.read_text().split("\n")[:-1] if path.is_file() else []
-    return [json.loads(line)["rollout"] for line in lines]
+    """Rollout of each complete row of metrics.jsonl, in the order written (a row torn by
+    the kill is left out: the resume drops it)."""
+    return [row["rollout"] for row in read_rows(out / "metrics.jsonl")]
 
 
 def check_rows(rollouts: list[int], upto: int | None = None) -> str | None:
@@ -181,8 +181,7 @@ def check_resume(log: str, marks: list[Mark], expected: Path | None) -> str | No
 
 def check_same_as(out: Path, reference: Path) -> str | None:
     """Every row equals the uninterrupted run's, volatile metrics aside."""
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    ref = [json.loads(line) for line in (reference / "metrics.jsonl").read_text().splitlines()]
+    rows, ref = read_rows(out / "metrics.jsonl"), read_rows(reference / "metrics.jsonl")
     for a, b in zip(rows, ref, strict=True):
         differ = [k for k in b if not k.startswith(VOLATILE) and a.get(k) != b[k]]
         if differ:

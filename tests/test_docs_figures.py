@@ -15,7 +15,8 @@ from minisparse.evaluation.paired import (Difference, paired_differences, paired
                                           score_difference)
 from minisparse.plot import evals
 from minisparse.plot.compare import comparison_tables
-from minisparse.plot.curves import group_runs, read_metrics
+from minisparse.plot.curves import group_runs
+from minisparse.plot.metrics import read_metrics
 from minisparse.plot.table import results_tables, run_mean
 
 REPO = Path(__file__).resolve().parents[1]

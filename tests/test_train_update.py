@@ -86,10 +86,11 @@ def test_step_updates_and_micro_batching_is_exact(device):
     whole_cfg = _well_conditioned_adam(_cfg())
     whole = _train_engine(whole_cfg, device)
     m_whole = update(whole, _batch(whole_cfg), whole_cfg)
-    split_cfg = _well_conditioned_adam(_cfg(max_tokens_per_gpu=9))  # [7] [5,4] [4]
+    split_cfg = _well_conditioned_adam(_cfg())
     split = _train_engine(split_cfg, device)
     before = _params(split)
-    m_split = update(split, _batch(split_cfg), split_cfg)
+    # the memory plan's budget, not max_tokens_per_gpu, packs the update: [7] [5,4] [4]
+    m_split = update(split, _batch(split_cfg), split_cfg, update_tokens=9)
     assert m_whole["train/micro_batches"] == 1.0 and m_split["train/micro_batches"] == 3.0
     assert m_split["train/nonfinite_steps"] == 0.0
     assert not torch.equal(before, _params(split))

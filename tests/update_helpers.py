@@ -41,14 +41,17 @@ def grads_at_step(train_engine) -> dict[str, torch.Tensor]:
     return grads
 
 
-def update(train_engine, batch: RolloutBatch, cfg: Config, offload=None) -> dict[str, float]:
+def update(train_engine, batch: RolloutBatch, cfg: Config, offload=None,
+           update_tokens: int | None = None) -> dict[str, float]:
     """train.py's update phase: cfg.num_steps_per_rollout optimizer steps on batch, their
     metrics averaged (train/nonfinite_steps: the steps skipped); offload: what stands in
-    for the optimizer state's moves where the memory plan offloads it."""
+    for the optimizer state's moves where the memory plan offloads it; update_tokens: the
+    plan's micro-batch budget (None: max_tokens_per_gpu, as an unplanned run's)."""
     import train
 
+    tokens = cfg.max_tokens_per_gpu if update_tokens is None else update_tokens
     plan = MemoryPlan(gradient_checkpointing=False, optimizer_offload=offload is not None,
-                      logprob_tokens=cfg.max_tokens_per_gpu, update_tokens=cfg.max_tokens_per_gpu)
+                      logprob_tokens=cfg.max_tokens_per_gpu, update_tokens=tokens)
     run = train.Run(cfg=cfg, device=None, train_engine=train_engine,
                     swaps=SimpleNamespace(offload=offload), reference=None, llm=None, plan=plan,
                     tokenizer=None, rows=[], sampler=None, logger=None)

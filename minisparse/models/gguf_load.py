@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from minisparse.models.gguf_sources import ModelDownloadError
+
 WORKERS_ENV = "MINISPARSE_GGUF_WORKERS"
 # The 1.5B's tensors take 18 s of one core (2-core CPU), dequantized while one worker
 # parses the metadata, which ends some 4 s after the tensor table is read: from about 6
@@ -53,8 +55,6 @@ class Job(NamedTuple):
 def gguf_workers(path: Path) -> int:
     """Processes for the conversion: MINISPARSE_GGUF_WORKERS, else one (no pool) for a
     small file and DEFAULT_WORKERS for another; at most the cores this process may use."""
-    from minisparse.models.gguf import ModelDownloadError
-
     asked = os.environ.get(WORKERS_ENV)
     if not asked and path.stat().st_size < SMALL_GGUF_BYTES:
         return 1
@@ -246,8 +246,6 @@ def _fill(model, futures: list[cf.Future], mapping: dict[str, str], dtype: str,
     Every weight must be filled, or be tied to one that is (lm_head to the embedding)."""
     import torch
     from tqdm.auto import tqdm
-
-    from minisparse.models.gguf import ModelDownloadError
 
     own = model.state_dict()
     rows_filled = dict.fromkeys(own, 0)

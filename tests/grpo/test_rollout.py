@@ -71,7 +71,7 @@ def test_overlong_penalty_shapes_rewards_but_not_accuracy():
     assert batch.rewards.tolist() == pytest.approx([1.0, 0.5, 0.0, -1.0])
     assert stats["overlong_penalty_mean"] == pytest.approx(2.5 / 4)
     assert stats["overlong_penalized_frac"] == pytest.approx(3 / 4)
-    metrics = rollout_metrics(batch, stats)
+    metrics = rollout_metrics(batch)
     assert metrics["rollout/accuracy"] == pytest.approx(0.75)
     assert metrics["rollout/reward_mean"] == pytest.approx(0.5 / 4)
     assert metrics["reward/overlong_penalty_mean"] == pytest.approx(2.5 / 4)

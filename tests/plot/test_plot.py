@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from minisparse.plot import curves
+from minisparse.plot import curves, metrics
 
 
 def write_run(folder, rows, torn_tail=""):
@@ -27,8 +27,10 @@ def test_run_in_progress_and_overlaid_runs(tmp_path, monkeypatch, capsys):
               for i in (1, 2)]
     write_run(tmp_path / "dense", dense, torn_tail='{"rollout": 4, "rollout/rew')
     write_run(tmp_path / "rkv", sparse)
-    rows = curves.read_metrics(tmp_path / "dense")
-    assert [r["rollout"] for r in rows] == [1, 2, 3]  # sorted, torn line skipped
+    assert [r["rollout"] for r in metrics.read_rows(tmp_path / "dense" / "metrics.jsonl")] \
+        == [2, 1, 3]  # as written, the torn line skipped
+    rows = metrics.read_metrics(tmp_path / "dense")
+    assert [r["rollout"] for r in rows] == [1, 2, 3]  # sorted
     assert curves.series(rows, "rollout/accuracy")[1] == pytest.approx([0.1, 0.2, 0.3])
     drawn = {}
     real_plot = curves.plot_runs
@@ -138,13 +140,13 @@ def _seeds(tmp_path):
 
 
 def test_group_names_drop_a_trailing_seed():
-    assert [curves.group_name(n) for n in ("rkv_seed12", "rkv-seed3", "rkv_s2", "rkv-s1",
+    assert [metrics.group_name(n) for n in ("rkv_seed12", "rkv-seed3", "rkv_s2", "rkv-s1",
                                          "rkv_keep_prompt_seed1", "rkv2", "seeds")] == \
         ["rkv", "rkv", "rkv", "rkv", "rkv_keep_prompt", "rkv2", "seeds"]
 
 
 def test_group_series_mean_and_band_over_seeds(tmp_path):
-    runs = {d.name: curves.read_metrics(d) for d in _seeds(tmp_path)}
+    runs = {d.name: metrics.read_metrics(d) for d in _seeds(tmp_path)}
     groups = curves.group_runs(runs)
     assert list(groups) == ["dense", "rkv"] and len(groups["dense"]) == 3
     x, mean, lo, hi = curves.group_series(groups["dense"], "rollout/accuracy")
@@ -165,7 +167,7 @@ def test_grouped_figure_draws_a_line_and_a_band_per_variant(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {d.name: curves.read_metrics(d) for d in _seeds(tmp_path)}
+    runs = {d.name: metrics.read_metrics(d) for d in _seeds(tmp_path)}
     saved = []
     real_savefig = plt.Figure.savefig
     plt.Figure.savefig = lambda fig, *a, **k: saved.append(fig) or real_savefig(fig, *a, **k)
@@ -189,7 +191,7 @@ def test_grouped_figure_draws_a_line_and_a_band_per_variant(tmp_path):
 def test_table_prints_mean_and_std_over_seeds(tmp_path, capsys):
     dirs = _seeds(tmp_path)
     for d in dirs:  # costs: dense peak KV 200, rkv 90 and 110; step times
-        rows = curves.read_metrics(d)
+        rows = metrics.read_metrics(d)
         dense = "dense" in d.name
         for row in rows:
             row["compress/peak_cache_tokens_mean"] = 200.0 if dense else (

@@ -35,7 +35,7 @@ class MemoryPlan:
     gradient_checkpointing: bool
     optimizer_offload: bool
     logprob_tokens: int  # micro-batch budget of the log-prob passes
-    update_tokens: int  # max_tokens_per_gpu
+    update_tokens: int  # micro-batch budget of the update (max_tokens_per_gpu)
     setup: Setup | None = None  # None: not planned (no GPU and no gpu_memory_gb)
     capacity: int = 0  # bytes of the GPU the plan is for
     device: str = ""
