@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from minisparse.config.load import CONFIGS_DIR, load_config, read_config_file
+from minisparse.config.load import (CONFIGS_DIR, config_to_dict, dotted_items, key_default,
+                                    load_config, read_config_file, shipped_configs)
 from minisparse.config.schema import Config, ConfigError
 
 
@@ -91,3 +92,15 @@ def test_twins_name_their_base_and_set_a_handful_of_keys(name, base):
     raw = yaml.safe_load((CONFIGS_DIR / f"{name}.yaml").read_text())
     assert raw.pop("base") == base
     assert _leaves(raw) <= 6, raw
+
+
+@pytest.mark.parametrize("name", shipped_configs())
+def test_every_key_a_config_writes_changes_something(name):
+    """A shipped config says only what differs: each key it writes differs from what its
+    base resolves to, or, with no base, from the schema's default (never restated)."""
+    raw = yaml.safe_load((CONFIGS_DIR / f"{name}.yaml").read_text())
+    base = raw.pop("base", None)
+    under = dotted_items(config_to_dict(load_config(base))) if base else {}
+    same = [key for key, value in dotted_items(raw).items()
+            if value == (under[key] if base else key_default(key))]
+    assert not same, f"{name} restates {same}"
