@@ -200,8 +200,10 @@ def test_without_zero_hf_holds_the_weights_and_a_killed_run_resumes_exactly(
 
     zero0 = ["--set", "zero_stage=0", "--set", "num_rollout=3", "--set", "save_interval=1"]
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    assert _train_killed_after(resumed, 2, *zero0, cache=_minisparse_cache) == -signal.SIGKILL
-    done = int(latest_checkpoint(resumed).name.split("_")[1])  # 1, or 2 if its save ended
+    killed = _signalled_after(resumed, 2, signal.SIGKILL, *zero0, cache=_minisparse_cache)
+    assert killed.returncode == -signal.SIGKILL
+    done = int(latest_checkpoint(resumed).name.split("_")[1])
+    assert done == 1  # killed as rollout 2's row was written, before its checkpoint
     second = _train(resumed, *zero0, cache=_minisparse_cache)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (f"finished rollouts {done + 1} to 3 ({3 - done} in this run, resumed after "
