@@ -182,9 +182,9 @@ class LLMEngine:
 
     def _step(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> None:
         """One prefill step when waiting sequences fit (schedule -> run -> postprocess),
-        else a run of decode steps (_decode). The scheduler aborts a sequence that can never
-        fit."""
-        chunks, _ = sched.schedule_prefill()
+        else a run of decode steps (_decode). The scheduler finishes a sequence that can
+        never fit as "abort" itself."""
+        chunks = sched.schedule_prefill()
         if not chunks:
             self._decode(sched, params, stats)
             return

@@ -84,10 +84,11 @@ class Scheduler:
         if seq.slot < 0:
             seq.slot = self.free_slots.pop()
 
-    def schedule_prefill(self) -> tuple[list[tuple[Sequence, int]], list[Sequence]]:
-        """Chunks (seq, n_tokens) to prefill this step, and sequences that cannot fit even
-        in an otherwise empty pool (finished as "abort", their pages and slot released)."""
-        chunks, aborted, budget = [], [], self.max_prefill_tokens
+    def schedule_prefill(self) -> list[tuple[Sequence, int]]:
+        """Chunks (seq, n_tokens) to prefill this step. A sequence that cannot fit even in
+        an otherwise empty pool is finished here as "abort" (its output says so; its pages
+        and slot go back), so the caller has nothing more to do for it."""
+        chunks, budget = [], self.max_prefill_tokens
         in_step: set[int] = set()  # prompts being prefilled by this step's chunks
         waiters = False  # samples left waiting for a sibling's prompt (ahead in the queue)
         longest = 0  # the step's longest chunk
@@ -117,7 +118,6 @@ class Scheduler:
                     self._give_back_prompt(seq, source)
                     self.waiting.remove(seq)
                     self.finish(seq, "abort")
-                    aborted.append(seq)
                     continue
             self._grow(seq, seq.cache_len + n)
             if source is not None:
@@ -128,7 +128,7 @@ class Scheduler:
             owed += self._owed([seq])
             in_step.add(seq.prompt_index)
             budget, longest = budget - n, max(longest, n)
-        return chunks, aborted
+        return chunks
 
     def _shareable(self, seq: Sequence) -> int:
         """How many leading prompt pages seq could take from a sibling (0: none), leaving

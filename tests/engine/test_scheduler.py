@@ -14,8 +14,8 @@ def test_compacted_returns_pages_past_the_budget_and_counts_the_eviction():
     sched = Scheduler(allocator, max_num_seqs=2, max_prefill_tokens=64, budget=6)
     seq = Sequence(0, 0, 0, list(range(14)), 14, seed=0)
     sched.add(seq)
-    chunks, aborted = sched.schedule_prefill()
-    assert chunks == [(seq, 14)] and not aborted
+    chunks = sched.schedule_prefill()
+    assert chunks == [(seq, 14)]
     sched.advance(chunks)
     assert seq.cache_len == seq.num_computed == 14 and seq in sched.running
     seq.since_compress = 5
@@ -39,14 +39,33 @@ def test_can_admit_mirrors_schedule_prefill():
     for seq in (a, b, c):
         sched.add(seq)
     assert sched.can_admit()
-    chunks, _ = sched.schedule_prefill()  # a (2 pages) and b (3 pages, 1 left for a)
+    chunks = sched.schedule_prefill()  # a (2 pages) and b (3 pages, 1 left for a)
     assert [s for s, _ in chunks] == [a, b]
     sched.advance(chunks)
     assert not sched.free_slots and not sched.can_admit()  # c waits for a slot
-    assert sched.schedule_prefill() == ([], [])
+    assert sched.schedule_prefill() == []
     sched.finish(a, "stop")  # a slot and 2 pages come back: c's 4 tokens need 1 + 1 reserve
     assert sched.can_admit()
-    assert [s for s, _ in sched.schedule_prefill()[0]] == [c]
+    assert [s for s, _ in sched.schedule_prefill()] == [c]
+
+
+def test_a_sequence_that_never_fits_is_finished_as_abort_by_the_scheduler():
+    """A prompt longer than the whole pool prefills what fits alone; with the pool full
+    and its prompt unfinished it is finished "abort" inside schedule_prefill (slot and
+    pages back, counted as finished) and the next in the queue starts in the same call."""
+    allocator = PageAllocator(num_pages=2, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=2, max_prefill_tokens=64)
+    huge = Sequence(0, 0, 0, list(range(20)), 20, seed=0)
+    small = Sequence(1, 1, 0, list(range(5)), 5, seed=0)
+    sched.add(huge)
+    sched.add(small)
+    chunks = sched.schedule_prefill()
+    assert chunks == [(huge, 8)] and allocator.num_free == 0  # all the pool holds
+    sched.advance(chunks)
+    chunks = sched.schedule_prefill()
+    assert chunks == [(small, 5)]
+    assert huge.finish_reason == "abort" and huge.pages == [] and huge.slot == -1
+    assert sched.num_finished == 1 and list(sched.waiting) == [small]
 
 
 def test_a_page_is_free_once_its_last_holder_releases_it():
@@ -79,10 +98,10 @@ def test_dense_siblings_wait_one_step_then_hold_the_prompt_pages():
     allocator = PageAllocator(num_pages=20, page_size=4)
     sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="pages")
     a, b, c = _siblings(sched, 14, 3)
-    chunks, _ = sched.schedule_prefill()
+    chunks = sched.schedule_prefill()
     assert chunks == [(a, 14)]  # b and c would find nothing computed yet
     _prefilled(sched, chunks)
-    chunks, _ = sched.schedule_prefill()
+    chunks = sched.schedule_prefill()
     # (14 - 1) // 4 = 3 full pages shared; the last prompt token's page is each one's own
     assert chunks == [(b, 2), (c, 2)] and not sched.take_copies()
     assert b.pages[:3] == c.pages[:3] == a.pages[:3] and len({a.pages[3], b.pages[3],
@@ -105,9 +124,9 @@ def test_no_partial_prefill_starts_behind_a_waiting_sibling():
     a, b = _siblings(sched, 14, 2)
     c = Sequence(2, 1, 0, list(range(30)), 30, seed=0)
     sched.add(c)
-    assert sched.schedule_prefill()[0] == [(a, 14)]  # b waits; c would be cut to 6 of 30
+    assert sched.schedule_prefill() == [(a, 14)]  # b waits; c would be cut to 6 of 30
     _prefilled(sched, [(a, 14)])
-    chunks, _ = sched.schedule_prefill()
+    chunks = sched.schedule_prefill()
     assert chunks == [(b, 2), (c, 18)]
     _prefilled(sched, chunks)
     assert list(sched.waiting) == [c]  # partial, at the head
@@ -121,15 +140,15 @@ def test_a_step_stops_before_its_padded_query_grid_doubles():
     for seq in (long, mid, short, tiny):
         sched.add(seq)
     # 2 x 40 <= 2 x 64 and 3 x 40 <= 2 x 70, but 4 x 40 > 2 x 75: tiny waits
-    assert [n for _, n in sched.schedule_prefill()[0]] == [40, 24, 6]
+    assert [n for _, n in sched.schedule_prefill()] == [40, 24, 6]
 
 
 def test_compressed_siblings_copy_the_prompt_pages_and_keep_the_window():
     allocator = PageAllocator(num_pages=20, page_size=4)
     sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="copy", window=4)
     a, b = _siblings(sched, 14, 2)
-    _prefilled(sched, sched.schedule_prefill()[0])
-    chunks, _ = sched.schedule_prefill()
+    _prefilled(sched, sched.schedule_prefill())
+    chunks = sched.schedule_prefill()
     # (14 - 4) // 4 = 2 pages: the last 4 prompt tokens' queries go to b's own ring rows
     assert chunks == [(b, 6)] and b.num_computed == 8
     assert sched.take_copies() == [(a.pages[:2], b.pages[:2])]
@@ -141,9 +160,9 @@ def test_a_compacted_sibling_is_no_source():
     sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="copy", window=4,
                       budget=8)
     a, b = _siblings(sched, 14, 2)
-    _prefilled(sched, sched.schedule_prefill()[0])
+    _prefilled(sched, sched.schedule_prefill())
     sched.compacted([a])  # a's pages now hold its kept entries, not the prompt
-    assert sched.schedule_prefill()[0] == [(b, 14)] and not sched.take_copies()
+    assert sched.schedule_prefill() == [(b, 14)] and not sched.take_copies()
 
 
 def test_under_keep_prompt_a_compacted_sibling_lends_its_prompt_pages():
@@ -154,14 +173,14 @@ def test_under_keep_prompt_a_compacted_sibling_lends_its_prompt_pages():
     sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="pages", window=4,
                       budget=8, keep_prompt=True)
     a, b = _siblings(sched, 14, 2)
-    chunks, _ = sched.schedule_prefill()
+    chunks = sched.schedule_prefill()
     assert chunks == [(a, 14)]  # b waits: nothing of a's was computed yet
     _prefilled(sched, chunks)
     sched._grow(a, 26)  # a decodes 12 tokens: 26 entries on 7 pages
     a.cache_len = a.num_computed = 26
     sched.compacted([a])  # the prompt (14) + 8 kept: 22 entries on 6 pages
     assert a.num_compressions == 1 and len(a.pages) == 6 and a.evicted_tokens == 4
-    chunks, _ = sched.schedule_prefill()
+    chunks = sched.schedule_prefill()
     assert chunks == [(b, 6)] and not sched.take_copies()  # (14 - 4) // 4 = 2 pages held
     assert b.pages[:2] == a.pages[:2]
     assert [allocator.refs[p] for p in a.pages] == [2, 2, 1, 1, 1, 1]
@@ -175,9 +194,9 @@ def test_a_sibling_that_does_not_fit_gives_the_shared_pages_back():
     allocator = PageAllocator(num_pages=5, page_size=4)
     sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, share="pages")
     a, b = _siblings(sched, 14, 2)
-    _prefilled(sched, sched.schedule_prefill()[0])
+    _prefilled(sched, sched.schedule_prefill())
     # one page is free and a (running) keeps it for its next token: b's tail cannot start
-    assert sched.schedule_prefill() == ([], [])
+    assert sched.schedule_prefill() == []
     assert b.pages == [] and b.num_computed == b.cache_len == 0 and b in sched.waiting
     assert [allocator.refs[p] for p in a.pages] == [1, 1, 1, 1]
 
@@ -192,7 +211,7 @@ def test_postprocess_appends_finishes_and_takes_back_compacted_pages():
     b = Sequence(1, 1, 0, list(range(5)), 5, seed=1, stop_ids=frozenset({7}), max_tokens=6)
     sched.add(a)
     sched.add(b)
-    chunks, _ = sched.schedule_prefill()
+    chunks = sched.schedule_prefill()
     sched.advance(chunks)
     assert sched.running == [a, b] and allocator.num_free == 6  # 2 pages each
     sched.postprocess([a, b], [9, 9], [-0.5, -1.0], [6, 5])
