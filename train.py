@@ -90,15 +90,10 @@ from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.dynamic_sampling import sample_with_signal
 from minisparse.grpo.loss import step_denominator
 from minisparse.grpo.mismatch import mismatch_metrics
+from minisparse.grpo.batch import RolloutBatch, rollout_metrics
 from minisparse.grpo.objective import micro_batch_loss
-from minisparse.grpo.rollout import (
-    RolloutBatch,
-    build_batch,
-    generate_metrics,
-    rollout_metrics,
-    sampling_params,
-    score_batch,
-)
+# the hand-over: the engine's samples into the algorithm's batch, graded
+from minisparse.rollout import build_batch, generate_metrics, sampling_params, score_batch
 from minisparse.evaluation.generate import Shard
 from minisparse.evaluation.loop import evaluate
 from minisparse.evaluation.scores import flat_metrics
@@ -244,7 +239,8 @@ def rollout_phase(run: Run, rollout: int) -> tuple[RolloutBatch, dict[str, float
             batch, metrics = sample_with_signal(
                 draw, lambda b: score_batch(b, run.tokenizer, cfg.reward, cfg.max_response_len),
                 cfg.n_samples_per_prompt,
-                cfg.rollout_batch_size // dist.world_size(), cfg.dynamic_sampling_max_rounds)
+                cfg.rollout_batch_size // dist.world_size(), cfg.dynamic_sampling_max_rounds,
+                reduce=dist.all_reduce)
         else:
             batch, metrics = draw(0), {}
     return batch, metrics | generate_metrics(stats)
@@ -255,8 +251,8 @@ def reward_phase(run: Run, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str,
     if batch.rewards is None:  # dynamic sampling grades during the rollout
         score_batch(batch, run.tokenizer, run.cfg.reward, run.cfg.max_response_len)
     advantages, stats = compute_advantages(
-        batch.rewards, run.cfg.n_samples_per_prompt, batch.response_mask.sum(dim=1), run.cfg.loss
-    )
+        batch.rewards, run.cfg.n_samples_per_prompt, batch.response_mask.sum(dim=1), run.cfg.loss,
+        reduce=dist.all_reduce)
     return replace(batch, advantages=advantages), rollout_metrics(batch) | stats
 
 
@@ -270,7 +266,8 @@ def logprob_phase(run: Run, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str
     if run.reference is not None:
         with run.reference.visit() as ref:
             ref_logp = batch_logprobs(ref, *args)
-    corr = compute_corrections(old_logp, batch.rollout_logp, batch.response_mask, cfg.loss)
+    corr = compute_corrections(old_logp, batch.rollout_logp, batch.response_mask, cfg.loss,
+                               reduce=dist.all_reduce)
     metrics = mismatch_metrics(old_logp, batch.rollout_logp, batch.response_mask) | corr.metrics
     return replace(batch, old_logp=old_logp, ref_logp=ref_logp, weights=corr.weights,
                    keep=corr.keep), metrics

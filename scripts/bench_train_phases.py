@@ -34,7 +34,7 @@ import torch
 
 import train
 from minisparse.config.cli import add_config_args, config_from_args
-from minisparse.grpo.rollout import RolloutBatch
+from minisparse.grpo.batch import RolloutBatch
 from minisparse.models import fused_logprobs
 from minisparse.models.attention import use_attention
 from minisparse.models.checkpointing import checkpoint_layers, checkpointed_count

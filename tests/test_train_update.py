@@ -13,7 +13,7 @@ from update_helpers import grads_at_step, rollout_batch, update
 
 from minisparse.config.schema import Config
 from minisparse.grpo.corrections import compute_corrections
-from minisparse.grpo.rollout import RolloutBatch
+from minisparse.grpo.batch import RolloutBatch
 from minisparse.trainer.logprobs import response_logprobs
 
 deepspeed = pytest.importorskip("deepspeed")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from minisparse.config.schema import Config
-from minisparse.grpo.rollout import RolloutBatch
+from minisparse.grpo.batch import RolloutBatch
 from minisparse.trainer.memory.choices import MemoryPlan
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from minisparse.config.schema import LossConfig
-from minisparse.utils.distributed import Sum, all_reduce
+from minisparse.grpo import Reduce, alone
+from minisparse.utils.distributed import Sum
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -45,12 +46,13 @@ def group_advantages(
     return adv, advantage_stats(adv, groups)
 
 
-def batch_whiten(values: torch.Tensor, lengths: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def batch_whiten(values: torch.Tensor, lengths: torch.Tensor, eps: float = 1e-6,
+                 reduce: Reduce = alone) -> torch.Tensor:
     """(x - mean) / (std + eps) with mean and (population) std over every response token
-    of the rollout batch on all ranks: a sample counts once per token, as REINFORCE++
-    whitens its per-token advantages."""
+    of the rollout batch on all ranks (summed by `reduce`): a sample counts once per
+    token, as REINFORCE++ whitens its per-token advantages."""
     x, n = values.double(), lengths.double()
-    sums = all_reduce(torch.stack([(n * x).sum(), (n * x * x).sum(), n.sum()]))
+    sums = reduce(torch.stack([(n * x).sum(), (n * x * x).sum(), n.sum()]))
     count = sums[2].clamp(min=1)
     mean = sums[0] / count
     std = (sums[1] / count - mean * mean).clamp(min=0).sqrt()
@@ -58,17 +60,20 @@ def batch_whiten(values: torch.Tensor, lengths: torch.Tensor, eps: float = 1e-6)
 
 
 def compute_advantages(
-    rewards: torch.Tensor, group_size: int, lengths: torch.Tensor, cfg: LossConfig
+    rewards: torch.Tensor, group_size: int, lengths: torch.Tensor, cfg: LossConfig,
+    reduce: Reduce = alone,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """(advantage per sample, stats) by cfg.advantage; lengths are the responses' token
-    counts (the batch whitening of the REINFORCE++ variants weighs by them)."""
+    counts (the batch whitening of the REINFORCE++ variants weighs by them, over the
+    ranks that `reduce` sums)."""
     if cfg.advantage in ("grpo", "gspo"):
         return group_advantages(rewards, group_size, cfg.normalize_advantage_std)
     groups = _groups(rewards, group_size)
     if cfg.advantage == "reinforce_plus_plus":
-        adv = batch_whiten(groups.view(-1), lengths)
+        adv = batch_whiten(groups.view(-1), lengths, reduce=reduce)
     elif cfg.advantage == "reinforce_plus_plus_baseline":
-        adv = batch_whiten((groups - groups.mean(dim=1, keepdim=True)).view(-1), lengths)
+        adv = batch_whiten((groups - groups.mean(dim=1, keepdim=True)).view(-1), lengths,
+                           reduce=reduce)
     else:
         raise ValueError(f"unknown advantage estimator {cfg.advantage!r}")
     return adv, advantage_stats(adv, groups)

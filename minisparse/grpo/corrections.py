@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from minisparse.config.schema import LossConfig
-from minisparse.utils.distributed import Max, Sum, all_reduce
+from minisparse.grpo import Reduce, alone
+from minisparse.utils.distributed import Max, Sum
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -101,16 +102,18 @@ def _whole_rows(flags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return mask.any(dim=1) & (flags | ~mask).all(dim=1)
 
 
-def batch_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of values over mask, summed over all ranks when torch.distributed is up."""
-    stats = all_reduce(torch.stack([(values * mask).sum(), mask.sum()]).double())
+def batch_mean(values: torch.Tensor, mask: torch.Tensor, reduce: Reduce = alone) -> torch.Tensor:
+    """Mean of values over mask on all ranks (their sums and counts added by `reduce`)."""
+    stats = reduce(torch.stack([(values * mask).sum(), mask.sum()]).double())
     return (stats[0] / stats[1].clamp(min=1)).to(values.dtype)
 
 
 def compute_corrections(
-    old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cfg: LossConfig
+    old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cfg: LossConfig,
+    reduce: Reduce = alone,
 ) -> Corrections:
-    """Weights and kept-token mask for a whole rollout batch ([N, T] padded tensors)."""
+    """Weights and kept-token mask for a whole rollout batch ([N, T] padded tensors); the
+    weights' normalisation averages over the ranks that `reduce` sums."""
     mask = mask.bool()
     delta = log_ratio(old_logp.float(), rollout_logp.float(), mask)
     raw = torch.where(mask, level_log_ratio(delta, mask, cfg.tis_level).exp(), 0.0)
@@ -140,7 +143,7 @@ def compute_corrections(
         vetoed = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
     weights = torch.where(keep, weights, 0.0)
     if cfg.normalize_weights:
-        weights = weights / batch_mean(weights, keep).clamp(min=1e-8)
+        weights = weights / batch_mean(weights, keep, reduce).clamp(min=1e-8)
     metrics.update(
         {
             "tis/final_mean": (weights.sum() / keep.sum().clamp(min=1)).item(),

@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 import torch
 
-from minisparse.utils.distributed import Max, Sum, all_reduce
-from minisparse.grpo.rollout import RolloutBatch, take_samples
+from minisparse.grpo import Reduce, alone
+from minisparse.grpo.batch import RolloutBatch, take_samples
+from minisparse.utils.distributed import Max, Sum
 
 
 def signal_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -34,9 +35,11 @@ def sample_with_signal(
     group_size: int,
     groups_needed: int,
     max_rounds: int,
+    reduce: Reduce = alone,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """(this rank's batch of groups_needed groups, metrics). draw(round) generates one
-    round's batch (prompt-major groups), score(batch) fills its rewards."""
+    round's batch (prompt-major groups), score(batch) fills its rewards; `reduce` (its
+    max over the ranks) keeps every rank drawing while any one is short."""
     rounds: list[RolloutBatch] = []
     signal_picks: list[list[tuple[int, int]]] = []  # per group: (round, sample) pairs
     flat_picks: list[list[tuple[int, int]]] = []
@@ -49,7 +52,7 @@ def sample_with_signal(
             members = [(r, g * group_size + k) for k in range(group_size)]
             (signal_picks if has_signal else flat_picks).append(members)
         short = max(groups_needed - len(signal_picks), 0)
-        any_short = all_reduce(torch.tensor([short], dtype=torch.int64), "max").item()
+        any_short = reduce(torch.tensor([short], dtype=torch.int64), "max").item()
         if not any_short or len(rounds) >= max_rounds:
             break
     kept = (signal_picks + flat_picks)[:groups_needed]

@@ -13,7 +13,7 @@ import torch
 
 from minisparse.config.schema import LossConfig
 from minisparse.grpo.loss import grpo_loss
-from minisparse.grpo.rollout import RolloutBatch
+from minisparse.grpo.batch import RolloutBatch
 from minisparse.utils.transfer import to_device
 
 

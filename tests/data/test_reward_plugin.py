@@ -12,7 +12,7 @@ from minisparse.data.datasets import PromptRow
 from minisparse.data.reward_plugin import RewardError, load_reward_function
 from minisparse.engine.sequence import SampleOutput
 from minisparse.trainer.preflight import check_run
-from minisparse.grpo.rollout import build_batch, score_batch
+from minisparse.rollout import build_batch, score_batch
 from minisparse.utils.user_code import UserCodeError
 
 PLUGIN = """

@@ -1,5 +1,6 @@
 """Dynamic sampling: rounds of prompts until the batch holds only groups with signal,
-on one rank and on two gloo ranks (same number of rounds and samples on both)."""
+on one rank and on two gloo ranks through the collective passed in as `reduce` (same
+number of rounds and samples on both)."""
 import pickle
 
 import pytest
@@ -7,8 +8,9 @@ import torch
 
 from minisparse.config.load import load_config
 from minisparse.config.schema import ConfigError
+from minisparse.grpo import alone
 from minisparse.grpo.dynamic_sampling import sample_with_signal, signal_groups
-from minisparse.grpo.rollout import RolloutBatch
+from minisparse.grpo.batch import RolloutBatch
 
 GROUP = 2
 
@@ -27,7 +29,7 @@ def _batch(rewards: list[float], tag: str) -> RolloutBatch:
         metadata=[{"k": k} for k in range(n)], grade_stats=None)
 
 
-def _run(rounds: list[list[float]], needed: int, max_rounds: int):
+def _run(rounds: list[list[float]], needed: int, max_rounds: int, reduce=alone):
     """sample_with_signal over preset rewards per round; the rounds it drew."""
     drawn = []
 
@@ -40,7 +42,7 @@ def _run(rounds: list[list[float]], needed: int, max_rounds: int):
         batch.grade_stats = {"accuracy": batch.rewards.mean().item(), "timeouts": 1.0,
                              "overlong_penalty_mean": 0.5 if drawn[-1] == 0 else 0.1}
 
-    out, metrics = sample_with_signal(draw, score, GROUP, needed, max_rounds)
+    out, metrics = sample_with_signal(draw, score, GROUP, needed, max_rounds, reduce=reduce)
     return out, metrics, drawn
 
 
@@ -95,15 +97,16 @@ def _two_rank_worker(rank: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as tdist
 
     from minisparse.grpo.advantages import batch_whiten
+    from minisparse.utils.distributed import all_reduce
 
     tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         # rank 0 has its 2 signal groups after one round; rank 1 needs three rounds
         per_rank = {0: [[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]],
                     1: [[0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]]}
-        out, metrics, drawn = _run(per_rank[rank], needed=2, max_rounds=5)
+        out, metrics, drawn = _run(per_rank[rank], needed=2, max_rounds=5, reduce=all_reduce)
         # the REINFORCE++ whitening over both ranks' samples
-        whitened = batch_whiten(out.rewards, out.response_mask.sum(dim=1))
+        whitened = batch_whiten(out.rewards, out.response_mask.sum(dim=1), reduce=all_reduce)
         result = (len(out), out.labels, drawn, dict(metrics), whitened.tolist())
         with open(f"{out_dir}/rank{rank}.pkl", "wb") as fh:
             pickle.dump(result, fh)

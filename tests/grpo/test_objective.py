@@ -13,7 +13,7 @@ from worked_example import (ADVANTAGES, MASK, NOW, PROMPTS, RESPONSES, expected,
 from minisparse.grpo.corrections import compute_corrections
 from minisparse.grpo.loss import step_denominator
 from minisparse.grpo.objective import micro_batch_loss
-from minisparse.grpo.rollout import RolloutBatch
+from minisparse.grpo.batch import RolloutBatch
 
 def _batch(cfg) -> RolloutBatch:
     """The worked example as the log-prob phase leaves it: old, reference, weights, keep."""

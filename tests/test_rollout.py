@@ -1,12 +1,12 @@
-"""score_batch: rewards from the grader, with the processes and limit the config asks for;
-the rollout's metrics from the batch and from the engine's generate calls."""
+"""The rollout's hand-over: score_batch grades with the processes and limit the config
+asks for and shapes the rewards; the engine's generate calls as perf/* metrics."""
 import pytest
 import torch
 
 from minisparse.config.schema import RewardConfig
 from minisparse.engine.sequence import GenerateStats
-from minisparse.grpo.rollout import (RolloutBatch, generate_metrics, overlong_penalty,
-                                    rollout_metrics, score_batch)
+from minisparse.grpo.batch import RolloutBatch, rollout_metrics
+from minisparse.rollout import generate_metrics, score_batch
 
 
 class CharTokenizer:
@@ -29,18 +29,6 @@ def test_score_batch_grades_with_the_workers_and_limit_given(grade_calls):
     assert stats["accuracy"] == 1 / 3 and stats["no_answer"] == 1
 
 
-def test_compressed_token_share_is_over_all_response_tokens():
-    """compress/compressed_token_frac: tokens sampled after an eviction over every response
-    token of the rollout (3 of 4 and 0 of 6: 0.3), not a mean of per-sample shares."""
-    batch = RolloutBatch(
-        prompts=[[1]] * 2, responses=[[5] * 4, [5] * 6], labels=["2"] * 2,
-        finish_reasons=["stop"] * 2, rollout_logp=torch.zeros(2, 6),
-        response_mask=torch.ones(2, 6, dtype=torch.bool), num_compressions=[1, 0],
-        evicted_tokens=[4, 0], peak_cache_tokens=[8, 9], compressed_tokens=[3, 0])
-    batch.rewards = torch.tensor([1.0, 0.0])
-    assert rollout_metrics(batch)["compress/compressed_token_frac"] == pytest.approx(0.3)
-
-
 def _graded_batch(texts: list[str], finish_reasons: list[str]) -> RolloutBatch:
     n = len(texts)
     width = max(len(t) for t in texts)
@@ -49,13 +37,6 @@ def _graded_batch(texts: list[str], finish_reasons: list[str]) -> RolloutBatch:
         finish_reasons=finish_reasons, rollout_logp=torch.zeros(n, width),
         response_mask=torch.ones(n, width, dtype=torch.bool), num_compressions=[0] * n,
         evicted_tokens=[0] * n, peak_cache_tokens=[0] * n, compressed_tokens=[0] * n)
-
-
-def test_overlong_penalty_rises_linearly_over_the_buffer():
-    """max_len 20, buffer 8: nothing up to 12 tokens, then 1/8 of the penalty per token."""
-    lengths = torch.tensor([5, 12, 13, 16, 20])
-    got = overlong_penalty(lengths, max_len=20, buffer=8, penalty=0.5)
-    assert got.tolist() == pytest.approx([0.0, 0.0, 0.0625, 0.25, 0.5])
 
 
 def test_overlong_penalty_shapes_rewards_but_not_accuracy():
