@@ -85,7 +85,8 @@ MUTATIONS = [
              "< veto_threshold)).all(dim=1)", "veto needs every token below the threshold"),
     Mutation(G + "corrections.py", "keep = mask & ~rejected & ~vetoed[:, None]",
              "keep = mask & ~rejected", "vetoed sequences kept"),
-    Mutation(G + "corrections.py", "batch_mean(weights, keep)", "batch_mean(weights, mask)",
+    Mutation(G + "corrections.py", "batch_mean(weights, keep, reduce)",
+             "batch_mean(weights, mask, reduce)",
              "weights normalised over rejected tokens too"),
     Mutation(G + "corrections.py", "seq = total / mask.sum(dim=1, keepdim=True).clamp(min=1)",
              "seq = total / (mask.sum(dim=1, keepdim=True) + 1)",
@@ -110,6 +111,12 @@ MUTATIONS = [
              "advantages against groups of one sample (every advantage 0)"),
     Mutation(G + "objective.py", "to_device(t[rows], device)", "to_device(t[: len(rows)], device)",
              "a micro-batch reads the batch's first rows, not its own"),
+    # the collectives passed in (grpo/advantages.py, grpo/dynamic_sampling.py)
+    Mutation(G + "advantages.py", "sums = reduce(torch.stack(", "sums = alone(torch.stack(",
+             "REINFORCE++ whitening over this rank's samples, not all ranks'"),
+    Mutation(G + "dynamic_sampling.py", 'any_short = reduce(torch.tensor([short]',
+             'any_short = alone(torch.tensor([short]',
+             "a rank stops drawing while another is still short"),
 ]
 
 
