@@ -17,8 +17,8 @@ from minisparse.data.synthetic import Difficulty, synthetic_problems
 REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / "checkpoints" / "smollm2-135m-instruct"
 COMPRESSED = ("smollm2_rkv", "smollm2_snapkv")
-# Measured on the base model (docs/results.md, "Choosing the task"): mean and p90 response
-# tokens at the configs' difficulty and temperature.
+# Measured on the base model (docs/results.md, "Choosing the task and the design"): mean
+# and p90 response tokens at the configs' difficulty and temperature.
 RESPONSE_MEAN, RESPONSE_P90 = 142, 234
 PROMPT = 56  # every prompt at this difficulty (checked below with the real tokenizer)
 
