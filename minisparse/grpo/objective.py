@@ -1,10 +1,7 @@
-"""The GRPO objective of one micro-batch: the current policy's log-probs of some samples of
-a rollout batch against what the earlier phases put in it (dense old and reference
-log-probs, advantages, Sparse-RL weights and kept tokens), through `grpo_loss`.
-
-`denominator` is the step's count (loss.step_denominator over all of the step's samples)
-shared over the ranks, so the micro-batch losses of a step sum to its mean: the trainer
-adds them up through backward and takes one optimizer step (trainer/update.py).
+"""A micro-batch's GRPO loss from the rollout batch: the rows of what the earlier phases
+put in it (dense old and reference log-probs, advantages, Sparse-RL weights and kept
+tokens), moved to the current log-probs' device and handed to `grpo_loss` (loss.py says
+what it computes and why its denominator spans the step).
 """
 
 from __future__ import annotations
@@ -12,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from minisparse.config.schema import LossConfig
-from minisparse.grpo.loss import grpo_loss
 from minisparse.grpo.batch import RolloutBatch
+from minisparse.grpo.loss import grpo_loss
 from minisparse.utils.transfer import to_device
 
 
