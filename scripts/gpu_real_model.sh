@@ -17,7 +17,7 @@
 #   greedy:SIZE    the same, greedy
 #   train:SIZE     the first $TRAIN_ROWS rows of the training file ($DATA), its own chat
 #                  prompts, T 1.0 (the training temperature), up to $TRAIN_LEN tokens
-#   exact:SIZE     tests/engine/test_gpu_real_qwen.py: greedy engine tokens = HF generate
+#   exact:SIZE     tests/engine/test_gpu_real_model.py -k qwen: greedy engine tokens = HF generate
 #   pair:real      scripts/dense_vs_sparse.sh: qwen1.5b_rkv and its dense twin, the
 #                  paper's per-GPU batch (256 x 4,096), $PAIR_ROLLOUTS rollouts each, on
 #                  the real 1.5B
@@ -82,7 +82,7 @@ run_job() {
         exact:*)
             wait_for "$(model_dir "$size")/config.json"
             MINISPARSE_QWEN="$(model_dir "$size")" MINISPARSE_MATH500="$PWD/$EVAL_DIR/math500/test.jsonl" \
-                python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_gpu_real_qwen.py ;;
+                python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_gpu_real_model.py -k qwen ;;
         pair:real) wait_for "$(model_dir 1.5b)/config.json"; pair "$job" "$(model_dir 1.5b)" 29641 ;;
         pair:random) pair "$job" qwen2.5-1.5b 29631 ;;
         ablation:*)
