@@ -71,8 +71,9 @@ from minisparse.trainer.checkpoint import (CheckpointError, DiskFullError, resum
                                            save_checkpoint, set_rng_state)
 from minisparse.trainer.logger import MetricsLogger, reduce_metrics, summary_legend, summary_line
 from minisparse.trainer.logprobs import batch_logprobs, response_logprobs
+from minisparse.trainer.measure import phase
 from minisparse.trainer.memory.choices import MemoryPlan
-from minisparse.trainer.memory.phases import Swaps, phase, rollout_weights
+from minisparse.trainer.memory.phases import Swaps, rollout_weights
 from minisparse.trainer.memory.plan import plan_errors, plan_memory, plan_metrics
 from minisparse.trainer.memory.report import comparison_line, cpu_memory_line, plan_table
 from minisparse.trainer.policy import Reference, build_policy

@@ -31,7 +31,7 @@ import torch
 from minisparse.models.flops import flop_shape, forward_flops, peak_flops
 from minisparse.models.loading import SHAPES, shape_config
 from minisparse.models.tiny import TINY_MODEL
-from minisparse.trainer.memory.phases import timed
+from minisparse.trainer.measure import timed
 
 STACKS = ("hf", "liger", "liger_fa4")
 

@@ -43,7 +43,8 @@ from minisparse.models.liger import use_liger_kernel
 from minisparse.models.loading import load_policy
 from minisparse.utils import distributed as dist
 from minisparse.trainer.logprobs import batch_logprobs
-from minisparse.trainer.memory.phases import Swaps, phase
+from minisparse.trainer.measure import phase
+from minisparse.trainer.memory.phases import Swaps
 from minisparse.trainer.memory.plan import not_planned, plan_memory
 from minisparse.trainer.policy import Reference
 from minisparse.trainer.train_engine import build_train_engine

@@ -26,7 +26,8 @@ from collections.abc import Callable
 import torch
 
 from minisparse.trainer.batching import equalize_across_ranks
-from minisparse.trainer.memory.phases import TrainingStateOffload, timed
+from minisparse.trainer.measure import timed
+from minisparse.trainer.memory.phases import TrainingStateOffload
 from minisparse.utils.distributed import all_reduce, world_size
 
 # a micro-batch's rows -> (loss, detached metrics that sum to the step's over micro-batches)

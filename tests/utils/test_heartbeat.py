@@ -11,7 +11,7 @@ import torch
 
 import minisparse.utils.heartbeat as heartbeat
 from minisparse.engine.progress import GenerateProgress
-from minisparse.trainer.memory.phases import phase
+from minisparse.trainer.measure import phase
 
 LONG_S = 300.0  # bounds a wait for the thread; only a broken heartbeat gets near it
 
