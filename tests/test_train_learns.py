@@ -79,7 +79,8 @@ def test_reward_does_not_rise_with_the_policy_gradient_sign_flipped(task, tmp_pa
     compressed run ends below where it began."""
     advantages = train.compute_advantages
     monkeypatch.setattr(train, "compute_advantages",
-                        lambda *args: (lambda adv, stats: (-adv, stats))(*advantages(*args)))
+                        lambda *args, **kwargs: (lambda adv, stats: (-adv, stats))(
+                            *advantages(*args, **kwargs)))
     rewards = [row["rollout/reward_mean"] for row in _metrics("tiny_rkv", task, tmp_path)]
     assert not rose(rewards), rewards
     assert rewards[-1] < rewards[0], rewards
