@@ -91,8 +91,8 @@ def test_runs_score_themselves_and_a_second_command_skips_the_finished(tmp_path,
     again starts nothing."""
     small = ["model.dtype=float32", "max_response_len=24", "eval.max_new_tokens=24",
              "eval.limit=2", "rollout_batch_size=2", "n_samples_per_prompt=2",
-             "global_batch_size=4", "num_steps_per_rollout=1", "compress.budget=16",
-             "compress.divide_length=8", "data.synthetic_size=16", "eval.prompt_template=boxed",
+             "global_batch_size=4", "num_steps_per_rollout=1", "compress.budget=12",
+             "compress.divide_length=4", "data.synthetic_size=16", "eval.prompt_template=boxed",
              "data.apply_chat_template=false", "engine.kv_cpu_memory_gb=0.1",
              "log.tensorboard=false"]
     env = {"BASE": str(tiny_path), "EXTRA": " ".join(f"--set {s}" for s in small),

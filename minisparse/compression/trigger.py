@@ -1,18 +1,20 @@
 """When a sequence's cache gets compressed: elementwise tensor rules, so the engine decides
 for all running sequences at once without a per-sequence Python loop or a host sync.
 
-The engine keeps two per-sequence counters and calls compress_due after appending each
-step's tokens (after prefill too, with since_last = 0):
-  cache_len  tokens now in the sequence's cache (the same in every layer: each layer
-             keeps `budget` tokens per compression);
-  since_last tokens appended since the sequence's last compression (since its prefill
-             when it has none); reset to 0 when it is compressed.
-A compression leaves exactly `budget` tokens, so right after one cache_len == budget.
+The engine calls compress_due after each decode step's tokens are appended (and after a
+prefill) with, per sequence, cache_len (tokens now in its cache, the same in every layer:
+a compression leaves exactly `budget`) and, for the whole batch, step: the decode steps
+the engine has run in this generate call (0 for the check after a prefill).
 
-divide_method "step_length": due when cache_len > budget and either since_last >=
-  divide_length (compress every divide_length generated tokens) or cache_len >= budget +
-  divide_length (the cap, which also catches prompts longer than budget). Hence, after
-  prefill, cache_len never exceeds budget + divide_length.
+divide_method "step_length": due when cache_len > budget and either step is a multiple of
+  divide_length or cache_len >= budget + divide_length (the cap). The step is the
+  batch's, not the sequence's, as in R-KV's reference code and the paper's: every
+  sequence past its budget is compressed at the same steps, in one batched compaction,
+  rather than a few sequences at nearly every step (each event's launches cost the same
+  for 3 sequences as for 30). A sequence compressed at a multiple of divide_length
+  reaches the cap exactly at the next one, so the cache never exceeds budget +
+  divide_length after a check; a prompt longer than the budget is compressed right
+  after its prefill.
 divide_method "newline": due when cache_len > budget and the token just generated
   decodes to text containing a newline, or when cache_len >= budget + max_buffer (the
   hard cap; max_buffer None means 4 * divide_length).
@@ -59,19 +61,18 @@ def max_cache_tokens(cfg: CompressConfig, prompt_len: int | None = None) -> int 
 
 def first_compression_len(cfg: CompressConfig, prompt_len: int) -> int | None:
     """The shortest response (in tokens) during which a sequence with a prompt of
-    prompt_len tokens can be compressed; None when compression is off. The trigger is
-    checked after the prefill and after each decode step whose sampled token does not end
-    the sequence, i.e. with j generated tokens cached (j = 0, 1, ...) for a response of at
-    least j + 2 tokens; the first check that can be due has j past the budget and, for
-    step_length, at divide_length tokens or at the cap (newline: at the first newline).
-    Under keep_prompt the prompt counts for nothing."""
+    prompt_len tokens, decoded from the generate call's first step, is compressed; None
+    when compression is off. The trigger is checked after the prefill (step 0) and after
+    each decode step s whose sampled token does not end the sequence, i.e. with s
+    generated tokens cached for a response of at least s + 2 tokens; the first check that
+    is due has s past the budget and, for step_length, s a multiple of divide_length
+    (newline: at the first newline). Under keep_prompt the prompt counts for nothing."""
     if cfg.algorithm == "none":
         return None
     prompt_len = evictable_len(cfg, prompt_len, prompt_len)
-    past_budget = cfg.budget + 1 - prompt_len
-    first = max(0, past_budget)
+    first = max(0, cfg.budget + 1 - prompt_len)
     if cfg.divide_method == "step_length":
-        first = max(first, min(cfg.divide_length, cfg.budget + cfg.divide_length - prompt_len))
+        first = -(-first // cfg.divide_length) * cfg.divide_length
     return first + 2
 
 
@@ -106,22 +107,22 @@ def check_compression_reach(cfg: Config) -> None:
 
 def compress_due(
     cache_len: torch.Tensor,
-    since_last: torch.Tensor,
+    step: int,
     last_token_is_newline: torch.Tensor,
     cfg: CompressConfig,
 ) -> torch.Tensor:
     """BoolTensor, True for the sequences to compress now (see the module docstring).
 
-    All three tensors have one entry per sequence; last_token_is_newline is bool (see
-    newline_token_ids for building it with one lookup). The result is on their device.
+    cache_len and last_token_is_newline (bool; see newline_token_ids for building it with
+    one lookup) have one entry per sequence; step is the batch's decode step count (0 after
+    a prefill). The result is on their device.
     """
     if cfg.algorithm == "none":
         return torch.zeros_like(cache_len, dtype=torch.bool)
     over = cache_len > cfg.budget
     if cfg.divide_method == "step_length":
-        every = since_last >= cfg.divide_length
         capped = cache_len >= cfg.budget + cfg.divide_length
-        return over & (every | capped)
+        return over & (capped | (step % cfg.divide_length == 0))
     capped = cache_len >= cfg.budget + max_buffer(cfg)
     return over & (last_token_is_newline.to(torch.bool) | capped)
 

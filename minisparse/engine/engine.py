@@ -195,7 +195,7 @@ class LLMEngine:
         sched.advance(chunks)
         stats.prefill_tokens += sum(n for _, n in chunks)
         stats.steps += 1
-        compacted = self._compress(seqs, tokens, stats)
+        compacted = self._compress(seqs, tokens, stats, step=0)
         sched.postprocess(seqs, tokens, logprobs, [s.cache_len for s in seqs], compacted)
 
     def _decode(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> None:
@@ -211,10 +211,12 @@ class LLMEngine:
         self._sync_pages(sched)
         launch = self._launch(sched, seqs, params, self.runner.step_inputs(seqs))
         while launch is not None:
-            nxt = self._launch_next(sched, launch, params) if self.cfg.overlap_decode else None
+            step = stats.decode_steps + 1  # the trigger's count once `launch` is collected
+            nxt = (self._launch_next(sched, launch, params, step)
+                   if self.cfg.overlap_decode else None)
             tokens, logprobs = self.runner.collect(launch)
             _count_decode(launch, stats)
-            compacted = self._compress(launch.seqs, tokens, stats) if nxt is None else []
+            compacted = self._compress(launch.seqs, tokens, stats, step) if nxt is None else []
             sched.postprocess(launch.seqs, tokens, logprobs, launch.cache_lens, compacted)
             launch = nxt
 
@@ -226,8 +228,8 @@ class LLMEngine:
         sched.advance([(seq, 1) for seq in seqs])
         return launch
 
-    def _launch_next(self, sched: Scheduler, launch: DecodeLaunch,
-                     params: SamplingParams) -> DecodeLaunch | None:
+    def _launch_next(self, sched: Scheduler, launch: DecodeLaunch, params: SamplingParams,
+                     step: int) -> DecodeLaunch | None:
         """Launch the step after `launch` before its tokens are read, when nothing about it
         depends on them: no waiting sequence could be admitted now, no compression falls
         due, the pool has every page it needs without preempting. Sequences that will
@@ -242,15 +244,15 @@ class LLMEngine:
         if not keep:
             return None
         seqs = [launch.seqs[i] for i in keep]
-        if self._due(seqs, None) or not sched.reserve_next(seqs):
+        if self._due(seqs, None, step) or not sched.reserve_next(seqs):
             return None
         self._sync_pages(sched)
         same = len(keep) == len(launch.seqs)
         inputs = self.runner.next_inputs(launch, None if same else keep)
         return self._launch(sched, seqs, params, inputs)
 
-    def _compress(self, seqs: list[Sequence], tokens: list[int],
-                  stats: GenerateStats) -> list[Sequence]:
+    def _compress(self, seqs: list[Sequence], tokens: list[int], stats: GenerateStats,
+                  step: int) -> list[Sequence]:
         """Compact, in one batched call, the caches of the sequences of `seqs` that go on
         after sampling `tokens` and that the trigger marks due; returns them (the scheduler's
         postprocess takes back their pages past the budget)."""
@@ -258,7 +260,7 @@ class LLMEngine:
             return []
         going = [(s, t) for s, t in zip(seqs, tokens)
                  if s.finish_reason is None and s.stop_reason(t) is None]
-        due = self._due([s for s, _ in going], [t in self.newline_ids for _, t in going])
+        due = self._due([s for s, _ in going], [t in self.newline_ids for _, t in going], step)
         if due:
             protected = None
             if self.compress.keep_prompt:
@@ -269,9 +271,11 @@ class LLMEngine:
             stats.compress_events += 1
         return due
 
-    def _due(self, seqs: list[Sequence], newline: list[bool] | None) -> list[Sequence]:
-        """The sequences of `seqs` the trigger marks due now (newline: whether the token
-        each one just sampled holds a newline; None: none does)."""
+    def _due(self, seqs: list[Sequence], newline: list[bool] | None,
+             step: int) -> list[Sequence]:
+        """The sequences of `seqs` the trigger marks due after decode step `step` (0: after
+        a prefill; newline: whether the token each one just sampled holds a newline; None:
+        none does)."""
         if self.rule is None:
             return []
         budget, cfg = self.rule.budget, self.compress
@@ -280,9 +284,8 @@ class LLMEngine:
         if not over:
             return []
         lens = torch.tensor([lens[i] for i in over])
-        since = torch.tensor([seqs[i].since_compress for i in over])
         nl = torch.tensor([bool(newline and newline[i]) for i in over])
-        due = compress_due(lens, since, nl, self.compress).tolist()
+        due = compress_due(lens, step, nl, self.compress).tolist()
         return [seqs[i] for i, d in zip(over, due) if d]
 
     def _sync_pages(self, sched: Scheduler) -> None:

@@ -214,11 +214,9 @@ class Scheduler:
             self._fits_bound(seq, self._owed(self.running))
 
     def finish_prefill(self, seq: Sequence) -> None:
-        """A sequence whose prompt (or recompute) is fully in the cache starts decoding;
-        the compression trigger counts its tokens from here."""
+        """A sequence whose prompt (or recompute) is fully in the cache starts decoding."""
         self.waiting.remove(seq)
         seq.status = Status.RUNNING
-        seq.since_compress = 0
         self.running.append(seq)
 
     def schedule_decode(self) -> list[Sequence]:

@@ -76,7 +76,6 @@ class Sequence:
     synced_pages: int = 0  # leading entries of `pages` already in the device page table
     num_computed: int = 0
     cache_len: int = 0
-    since_compress: int = 0  # tokens appended to the cache since the last compression
     num_compressions: int = 0
     evicted_tokens: int = 0
     peak_cache: int = 0
@@ -119,18 +118,17 @@ class Sequence:
         """n more tokens' K/V went into the cache (a prefill chunk, or a decode step's 1)."""
         self.num_computed += n
         self.cache_len += n
-        self.since_compress += n
 
     def compacted(self, kept: int) -> None:
         """Its cache now holds `kept` entries; RoPE positions (num_computed) go on."""
         self.evicted_tokens += self.cache_len - kept
-        self.cache_len, self.since_compress = kept, 0
+        self.cache_len = kept
         self.num_compressions += 1
 
     def reset_cache(self) -> None:
         """Forget the KV cache (after preemption): everything is recomputed from tokens."""
         self.pages, self.slot, self.synced_pages = [], -1, 0
-        self.num_computed = self.cache_len = self.since_compress = 0
+        self.num_computed = self.cache_len = 0
         self.status = Status.WAITING
 
     def to_output(self) -> SampleOutput:

@@ -1,4 +1,4 @@
-"""Triggers: simulated generation checks the cache bound and the per-sequence schedule;
+"""Triggers: simulated generation checks the cache bound and the batch-wide schedule;
 newline_token_ids on tokenizers built in-process (the settings' checks: tests/config)."""
 from __future__ import annotations
 
@@ -13,32 +13,30 @@ from minisparse.config.schema import CompressConfig
 
 def simulate(cfg: CompressConfig, prompt_lens: torch.Tensor, steps: int,
              newline_rate: float = 0.0, seed: int = 0):
-    """Generate `steps` tokens for every sequence (sequence b starts b steps late, so the
-    schedules differ), compressing whenever compress_due says so, as the engine would.
+    """Generate up to `steps` tokens for every sequence (sequence b starts b steps late, so
+    the sequences pass their budget at different steps), compressing whenever
+    compress_due says so, as the engine would.
 
     Returns the peak cache length seen at any check and, per sequence, the list of
-    (since_last, cache_len, was_newline) at each compression after prefill.
+    (step, cache_len, was_newline) at each compression after prefill.
     """
     gen = torch.Generator().manual_seed(seed)
     cache = prompt_lens.clone()
-    since = torch.zeros_like(cache)
     no_newline = torch.zeros_like(cache, dtype=torch.bool)
-    fired = compress_due(cache, since, no_newline, cfg)  # the check after prefill
+    fired = compress_due(cache, 0, no_newline, cfg)  # the check after prefill
     cache[fired] = cfg.budget
     peak = int(cache.max())
     events: list[list[tuple[int, int, bool]]] = [[] for _ in range(len(cache))]
-    for step in range(steps):
-        active = torch.arange(len(cache)) <= step
+    for step in range(1, steps + 1):
+        active = torch.arange(len(cache)) < step
         cache += active.long()
-        since += active.long()
         newline = active & (torch.rand(len(cache), generator=gen) < newline_rate)
-        fired = compress_due(cache, since, newline, cfg)
+        fired = compress_due(cache, step, newline, cfg)
         assert not (fired & ~active).any(), "an idle sequence was compressed"
         peak = max(peak, int(cache.max()))
         for b in fired.nonzero().flatten().tolist():
-            events[b].append((int(since[b]), int(cache[b]), bool(newline[b])))
+            events[b].append((step, int(cache[b]), bool(newline[b])))
         cache[fired] = cfg.budget
-        since[fired] = 0
     return peak, events
 
 
@@ -54,18 +52,22 @@ def test_step_length_bound_and_schedule(divide_length):
     assert peak <= max(bound, int(PROMPTS.max()))  # long prompts: only at prefill
     for b, seq_events in enumerate(events):
         assert seq_events, f"sequence {b} was never compressed"
-        for since, cache, _ in seq_events:
+        steps = [step for step, _, _ in seq_events]
+        for _, cache, _ in seq_events:
             assert 128 < cache <= bound
-        # Once compressed to the budget, every divide_length tokens exactly.
-        assert all(since == divide_length for since, _, _ in seq_events[1:])
+        # Every sequence at the batch's multiples of divide_length (one batched compaction
+        # each), so once compressed to the budget, every divide_length tokens exactly.
+        assert all(step % divide_length == 0 for step in steps)
+        assert all(b - a == divide_length for a, b in zip(steps, steps[1:]))
 
 
 def test_step_length_long_prompt_compressed_at_prefill():
     cfg = CompressConfig(algorithm="rkv", budget=128, divide_length=16)
     cache = torch.tensor([500, 144, 143, 128])
-    zeros = torch.zeros_like(cache)
-    due = compress_due(cache, zeros, zeros.bool(), cfg)
-    assert due.tolist() == [True, True, False, False]
+    no_newline = torch.zeros_like(cache, dtype=torch.bool)
+    assert compress_due(cache, 0, no_newline, cfg).tolist() == [True, True, True, False]
+    # between the batch's compression steps only the cap (budget + divide_length) is due
+    assert compress_due(cache, 5, no_newline, cfg).tolist() == [True, True, False, False]
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.05, 0.5])
@@ -87,7 +89,7 @@ def test_newline_explicit_max_buffer():
     cfg = CompressConfig(algorithm="rkv", budget=100, divide_method="newline", max_buffer=10)
     cache = torch.tensor([100, 101, 109, 110, 100])
     newline = torch.tensor([True, True, False, False, True])
-    assert compress_due(cache, torch.zeros_like(cache), newline, cfg).tolist() == [
+    assert compress_due(cache, 3, newline, cfg).tolist() == [
         False, True, False, True, False]
     assert max_cache_tokens(cfg) == 110
 
@@ -95,7 +97,7 @@ def test_newline_explicit_max_buffer():
 @pytest.mark.parametrize("cfg", [CompressConfig(algorithm="none")])
 def test_never(cfg):
     cache = torch.tensor([10_000, 600])
-    due = compress_due(cache, cache, torch.tensor([True, True]), cfg)
+    due = compress_due(cache, 0, torch.tensor([True, True]), cfg)
     assert due.tolist() == [False, False] and max_cache_tokens(cfg) is None
 
 
@@ -143,15 +145,15 @@ def test_training_config_whose_compression_never_runs_is_refused():
 
     check_compression_reach(load_config("smollm2_rkv"))
     with pytest.raises(ConfigError, match="compression never runs: .* a 128-token prompt "
-                                          "is first compressed in a response of 575 tokens"):
+                                          "is first compressed in a response of 578 tokens"):
         check_compression_reach(load_config("smollm2_rkv", ["compress.budget=700"]))
     check_compression_reach(load_config("smollm2_dense", ["compress.budget=700"]))  # dense
 
 
 def test_keep_prompt_counts_the_response_only():
     """Under keep_prompt the prompt counts for nothing: a 60-token prompt is first
-    compressed 17 tokens into the response (past the budget of 16; due at once, as
-    since_last >= 8), not right after it is read; the cache bound grows by the prompt."""
+    compressed 24 tokens into the response (the first multiple of 8 past the budget of
+    16), not right after it is read; the cache bound grows by the prompt."""
     from minisparse.compression import evictable_len
     from minisparse.compression.trigger import first_compression_len
 
@@ -159,7 +161,7 @@ def test_keep_prompt_counts_the_response_only():
     on = CompressConfig(algorithm="rkv", budget=16, window=4, divide_length=8,
                         keep_prompt=True)
     assert first_compression_len(off, 60) == 2  # compressed once read, seen at 2 tokens
-    assert first_compression_len(on, 60) == 17 + 2
+    assert first_compression_len(on, 60) == 24 + 2
     assert first_compression_len(on, 5) == first_compression_len(on, 60)
     assert max_cache_tokens(off) == max_cache_tokens(off, 60) == 24
     assert max_cache_tokens(on) is None and max_cache_tokens(on, 60) == 84

@@ -36,13 +36,11 @@ def test_held_out_evaluation_samples_as_the_rollouts_do():
 def _compressions(cfg, prompt: int, response: int) -> int:
     """Compressions of one sequence, by the trigger (checked after the prefill and after
     every decode step but the last)."""
-    cache, since, count = prompt, 0, 0
+    cache, count = prompt, 0
     for step in range(response - 1):
-        if step:
-            cache, since = cache + 1, since + 1
-        if bool(compress_due(torch.tensor([cache]), torch.tensor([since]),
-                             torch.tensor([False]), cfg)):
-            count, cache, since = count + 1, cfg.budget, 0
+        cache += step > 0
+        if bool(compress_due(torch.tensor([cache]), step, torch.tensor([False]), cfg)):
+            count, cache = count + 1, cfg.budget
     return count
 
 

@@ -63,19 +63,17 @@ def test_compressed_cache_stays_bounded_without_page_leaks(qwen2):
 
 
 def trigger_steps(prompt_len: int, new_tokens: int, cfg: CompressConfig = CFG):
-    """(decode step, cache length before) of each compression the trigger implies: a check
-    after prefill, then one after each decode step but the last (which finishes the
-    sequence). Under keep_prompt the trigger counts the cache past the prompt, which
-    stays."""
-    cache, since = prompt_len, 0
+    """(decode step, cache length before) of each compression the trigger implies for a
+    sequence decoded from the call's first step: a check after prefill (step 0), then one
+    after each decode step but the last (which finishes the sequence). Under keep_prompt
+    the trigger counts the cache past the prompt, which stays."""
+    cache = prompt_len
     prompt = prompt_len if cfg.keep_prompt else 0
     for step in range(new_tokens - 1):
-        if step:
-            cache, since = cache + 1, since + 1
-        if bool(compress_due(torch.tensor([cache - prompt]), torch.tensor([since]),
-                             torch.tensor([False]), cfg)):
+        cache += step > 0
+        if bool(compress_due(torch.tensor([cache - prompt]), step, torch.tensor([False]), cfg)):
             yield step, cache
-            cache, since = prompt + cfg.budget, 0
+            cache = prompt + cfg.budget
 
 
 def simulate(prompt_len: int, new_tokens: int, cfg: CompressConfig = CFG) -> tuple[int, int]:
@@ -163,15 +161,13 @@ def test_newline_trigger_fires_on_generated_newlines():
     params = SamplingParams(temperature=1.5, max_new_tokens=80, seed=4, ignore_eos=True)
     ps, by_newline = prompts(4, lo=5, hi=15), 0
     for p, o in zip(ps, engine.generate(ps, params)):
-        cache, since, count = len(p), 0, 0
+        cache, count = len(p), 0
         for i, tok_id in enumerate(o.token_ids[:-1]):
-            if i:
-                cache, since = cache + 1, since + 1
-            due = compress_due(torch.tensor([cache]), torch.tensor([since]),
-                               torch.tensor([tok_id in newline]), cfg)
+            cache += i > 0
+            due = compress_due(torch.tensor([cache]), i, torch.tensor([tok_id in newline]), cfg)
             if bool(due):
                 by_newline += cache < cfg.budget + 16
-                count, cache, since = count + 1, cfg.budget, 0
+                count, cache = count + 1, cfg.budget
         assert o.num_compressions == count
         assert o.peak_cache_tokens <= max(len(p), max_cache_tokens(cfg))
     assert by_newline > 0

@@ -58,11 +58,12 @@ def test_shared_prompts_give_the_samples_of_a_full_prefill(model, mode):
 
 
 def test_a_compression_right_after_the_prefill_scores_the_samples_own_queries(qwen2):
-    """Prompts 1-3 tokens short of the trigger (budget 24 + 8): each sample compresses
-    1-3 decode steps after its prefill, with a query window of 8 that reaches back into
-    the prompt, past the pages a sibling could give. The shared pages stop short of it."""
-    cfg = CompressConfig(algorithm="rkv", budget=24, window=8, divide_length=8)
-    ps = [p + p[:5] for p in prompts(4, lo=24, hi=26, seed=6)]  # 29-31 tokens
+    """Prompts 0-3 tokens short of the budget (24): each sample compresses 4 decode steps
+    after its prefill (the batch's step 4, divide_length 4), with a query window of 8
+    that reaches back into the prompt, past the pages a sibling could give. The shared
+    pages stop short of it."""
+    cfg = CompressConfig(algorithm="rkv", budget=24, window=8, divide_length=4)
+    ps = prompts(4, lo=21, hi=24, seed=6)
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=5, ignore_eos=True)
     _, ref = _generate(qwen2, cfg, False, ps, params)
     on, outs = _generate(qwen2, cfg, True, ps, params)

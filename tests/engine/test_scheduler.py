@@ -18,14 +18,12 @@ def test_compacted_returns_pages_past_the_budget_and_counts_the_eviction():
     assert chunks == [(seq, 14)]
     sched.advance(chunks)
     assert seq.cache_len == seq.num_computed == 14 and seq in sched.running
-    seq.since_compress = 5
     owned = list(seq.pages)
     assert len(owned) == 4 and allocator.num_free == 6
     sched.compacted([seq])
     assert seq.pages == owned[:2] and allocator.num_free == 8
     assert set(owned[2:]) <= set(allocator.free)  # the released pages are free again
-    assert (seq.cache_len, seq.since_compress, seq.evicted_tokens, seq.num_compressions) == (
-        6, 0, 8, 1)
+    assert (seq.cache_len, seq.evicted_tokens, seq.num_compressions) == (6, 8, 1)
     assert seq.num_computed == 14  # RoPE positions go on from where they were
 
 
@@ -222,10 +220,10 @@ def test_postprocess_appends_finishes_and_takes_back_compacted_pages():
 
     assert sched.schedule_decode() == [a]  # entry 6 is on a's second page: none added
     sched.advance([(a, 1)])
-    assert (a.num_computed, a.cache_len, a.since_compress) == (7, 7, 1)
+    assert (a.num_computed, a.cache_len) == (7, 7)
     sched.postprocess([a], [11], [-0.25], [7], compacted=[a])  # 7 entries -> 4: one page
     assert a.token_ids[-2:] == [9, 11] and a.logprobs == [-0.5, -0.25]
-    assert (a.cache_len, a.num_computed, a.since_compress) == (4, 7, 0)
+    assert (a.cache_len, a.num_computed) == (4, 7)
     assert (a.evicted_tokens, a.num_compressions, a.peak_cache) == (3, 1, 7)
     assert len(a.pages) == 1 and allocator.num_free == 9
 

@@ -72,14 +72,15 @@ def test_start_of_a_real_model_dense_run():
     assert "rollout KV cache: dense (no compression)" in text
     cfg = load_config("smollm2_rkv", ["compress.budget=80", "compress.divide_length=16"])
     text = start_report(cfg, "smollm2_rkv", [], "cpu", 1, 0, 59, LEGEND)
-    # budget 80, every 16: past the budget at 22 tokens, due at 16 since the prompt -> 22
-    assert "the first compression comes 22 tokens into a response (longest prompt, 59" in text
+    # budget 80, every 16: past the budget at 22 tokens, due at the batch's step 32
+    assert "the first compression comes 32 tokens into a response (longest prompt, 59" in text
     cfg = load_config("smollm2_rkv", ["compress.keep_prompt=true", "compress.budget=80",
                                       "compress.divide_length=16"])
     text = start_report(cfg, "smollm2_rkv", [], "cpu", 1, 0, 59, LEGEND)
-    # the prompt stays and counts for nothing: past the budget at 81 response tokens
+    # the prompt stays and counts for nothing: past the budget at 81 response tokens, due
+    # at the batch's step 96
     assert ("rollout KV cache: R-KV, the prompt + 80 response tokens kept, compressed every "
-            "16 tokens; the first compression comes 81 tokens into a response") in text
+            "16 tokens; the first compression comes 96 tokens into a response") in text
 
 
 def test_end_names_outputs_newest_model_and_plot_command(tmp_path):
