@@ -75,8 +75,8 @@ def _compact_group(pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor,
     if scorer is not None:
         scores = scorer.scores(pool.k, pool.q_ring, pool.page_table, pool.page_size, rows,
                                lens, lmax, rule.cfg, _FUSED[type(rule).score_batch])
-        keep = rule.select_scored(scores, lens.repeat_interleave(n_layers),
-                                  protected.repeat_interleave(n_layers))
+        keep = rule.select_scored(scores, _per_row(lens, n_layers),
+                                  _per_row(protected, n_layers))
     else:
         keep = _select(pool, rule, rows, lens, next_pos, protected, lmax, fast)
     keep = keep.view(rows.shape[0], n_layers, h_kv, budget)
@@ -102,8 +102,14 @@ def _select(pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor, next_pos
     if rule.uses_queries:
         queries = pool.ring_queries(rows, next_pos)  # [s, layers, H_q, W, D]
         queries = queries.view(s * n_layers, -1, pool.window, d)
-    return rule.select_batch(keys, queries, lens.repeat_interleave(n_layers),
-                             protected=protected.repeat_interleave(n_layers))
+    return rule.select_batch(keys, queries, _per_row(lens, n_layers),
+                             protected=_per_row(protected, n_layers))
+
+
+def _per_row(x: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """A value per sequence as one per (sequence, layer) row (sequence-major), in one
+    copy kernel."""
+    return x[:, None].expand(-1, n_layers).reshape(-1)
 
 
 def _pack(pool: KVPool, rows: torch.Tensor, keep: torch.Tensor,
