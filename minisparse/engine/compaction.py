@@ -73,10 +73,7 @@ def _compact_group(pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor,
     n_layers, h_kv, budget = pool.k.shape[0], pool.k.shape[2], rule.budget
     fast = triton_module("minisparse.engine.triton_compaction", pool.k)
     if scorer is not None:
-        scores = scorer.scores(pool.k, pool.q_ring, pool.page_table, pool.page_size, rows,
-                               lens, lmax, rule.cfg, _FUSED[type(rule).score_batch])
-        keep = rule.select_scored(scores, _per_row(lens, n_layers),
-                                  _per_row(protected, n_layers))
+        keep = _fused_select(scorer, pool, rule, rows, lens, protected, lmax)
     else:
         keep = _select(pool, rule, rows, lens, next_pos, protected, lmax, fast)
     keep = keep.view(rows.shape[0], n_layers, h_kv, budget)
@@ -85,6 +82,19 @@ def _compact_group(pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor,
                               protected)
     else:
         _pack(pool, rows, keep, protected)
+
+
+def _fused_select(scorer, pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor,
+                  protected: torch.Tensor, lmax: int) -> torch.Tensor:
+    """What rule.select_batch keeps, scored by triton_scores (and, per head, selected in
+    the same kernel): [s * layers, H_kv, budget]."""
+    args = (pool.k, pool.q_ring, pool.page_table, pool.page_size, rows, lens)
+    redundancy = _FUSED[type(rule).score_batch]
+    if rule.cfg.selection == "per_head":
+        return scorer.keep(*args, protected, lmax, rule.cfg, redundancy)
+    scores = scorer.scores(*args, lmax, rule.cfg, redundancy)
+    n_layers = pool.k.shape[0]
+    return rule.select_scored(scores, _per_row(lens, n_layers), _per_row(protected, n_layers))
 
 
 def _select(pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor, next_pos: torch.Tensor,

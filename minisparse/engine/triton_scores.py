@@ -1,10 +1,13 @@
 """One Triton kernel that scores every cache entry of a compaction for the shipped rules
 (SnapKV, R-KV) straight from the paged KV pool and the query ring (compaction.py takes it
-on CUDA; the rules' score_batch is the reference and the path for every other rule).
+on CUDA; the rules' score_batch and select_batch are the reference and the path of every
+other rule).
 
 Why: the PyTorch route gathers a copy of every key (and of the ring's queries), then runs
-some fifteen kernels over them (scoring GEMM, softmaxes, pooling, the redundancy kernels);
-at a 256-sequence event of the 1.5B that was ~4.5 of its ~5.3 ms of kernel time. Here one
+some thirty kernels over them (scoring GEMM, softmaxes, pooling, the redundancy kernels,
+top-k, sort); at a 256-sequence event of the 1.5B (H200) the redundancy took 1.74 ms, the
+two gathers 0.83, top-k and sort 0.43 and the scoring GEMM 0.39 of its 4.9 ms of kernel
+time, and at 16 sequences the event was bound by its ~40 launches. Here one
 program per (sequence x layer, KV head) reads its keys through the page table and its
 queries from the ring (their order there does not matter: the W softmaxes are averaged),
 and writes one score row, the math of scoring.py:
@@ -19,9 +22,13 @@ and writes one score row, the math of scoring.py:
    triton_redundancy, walking key blocks from the newest down and stopping early;
 4. (R-KV) the softmax of the column means over the sequence's entries;
 5. the attention max- or average-pooled along the entries (kernel_size), mixed with the
-   redundancy as rkv.py mixes them.
+   redundancy as rkv.py mixes them;
+6. with per-head selection (`keep`), the entries ScoringRule.select_batch keeps by those
+   scores, ranked by counting (no sort), so a compaction launches no top-k or sort.
+   Per-layer selection sums scores over heads, that is over programs: the rule's
+   select_scored ranks the scores `scores` returns.
 
-Scores of entries past a sequence's older ones are left for the rule's selection to mask.
+Scores of entries past a sequence's older ones are left for the selection to mask.
 Under the interpreter (CPU tests) and for float32 keys the dots are exact float32, as in
 triton_redundancy.
 """
@@ -121,8 +128,37 @@ def _last_above(K, PT, COL, length, PS, eps, threshold, d, dmask, HD: tl.constex
 
 
 @triton.jit
-def _scores_kernel(K, QR, PT, ROWS, LENS, OUT, SCR, stride_kl, stride_ql, stride_pt, LMAX, PS,
-                   eps, sqrt_d, threshold, mix, LAYERS: tl.constexpr, H: tl.constexpr,
+def _keep_top(SCORES, KEEP, first, older, length, top, W: tl.constexpr, W_PAD: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """Step 6 (per-head selection): KEEP[:top] the `top` best-scored entries of
+    first..older-1, ascending, then the last W entries. An entry's rank is the number of
+    entries scored above it (ties: the older first), so no sort is needed: the kept ones
+    are the ranks below `top`, placed by a running count."""
+    kept = tl.zeros([], tl.int32)
+    for j0 in range(0, older, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        j_ok = (j >= first) & (j < older)
+        sj = tl.load(SCORES + j, mask=j_ok, other=0.0)
+        rank = tl.zeros([BLOCK], tl.int32)
+        for i0 in range(0, older, BLOCK):
+            i = i0 + tl.arange(0, BLOCK)
+            i_ok = (i >= first) & (i < older)
+            si = tl.load(SCORES + i, mask=i_ok, other=0.0)
+            above = (si[:, None] > sj[None, :]) | ((si[:, None] == sj[None, :])
+                                                    & (i[:, None] < j[None, :]))
+            rank += tl.sum((above & i_ok[:, None]).to(tl.int32), axis=0)
+        keep = j_ok & (rank < top)
+        at = kept + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        tl.store(KEEP + at, j.to(tl.int64), mask=keep & (at < top))
+        kept += tl.sum(keep.to(tl.int32), axis=0)
+    w = tl.arange(0, W_PAD)
+    tl.store(KEEP + top + w, (length - W + w).to(tl.int64), mask=w < W)
+
+
+@triton.jit
+def _scores_kernel(K, QR, PT, ROWS, LENS, FIRST, OUT, SCR, KEEP, stride_kl, stride_ql,
+                   stride_pt, LMAX, PS, eps, sqrt_d, threshold, mix, TOP,
+                   SELECT: tl.constexpr, LAYERS: tl.constexpr, H: tl.constexpr,
                    G: tl.constexpr, W: tl.constexpr, W_PAD: tl.constexpr, D: tl.constexpr,
                    D_PAD: tl.constexpr, KS: tl.constexpr, MAX_POOL: tl.constexpr,
                    GROUP_MEAN: tl.constexpr, REDUNDANCY: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -198,6 +234,11 @@ def _scores_kernel(K, QR, PT, ROWS, LENS, OUT, SCR, stride_kl, stride_ql, stride
             x = tl.load(COL + pos, mask=pos < length, other=float("-inf")) / length
             score = mix * pooled - (1.0 - mix) * (tl.exp(x - m_red) / s_red)
         tl.store(OUT + row + pos, score, mask=pos < LMAX)
+    if SELECT:
+        tl.debug_barrier()
+        keep = KEEP + (r * H + h).to(tl.int64) * (TOP + W)
+        _keep_top(OUT + row, keep, tl.load(FIRST + i).to(tl.int32), older, length, TOP, W,
+                  W_PAD, BLOCK_N)
 
 
 def scores(k: torch.Tensor, q_ring: torch.Tensor, page_table: torch.Tensor, page_size: int,
@@ -208,24 +249,44 @@ def scores(k: torch.Tensor, q_ring: torch.Tensor, page_table: torch.Tensor, page
     RKV.score_batch (True) scores them, at positions below lens[i] - window (the rest
     hold anything). k [layers, slots, H_kv, D] the pool's keys; q_ring [layers, rows *
     window, H_q, D] its query ring; cfg: the rule's CompressConfig."""
+    return _launch(k, q_ring, page_table, page_size, rows, lens, lmax, cfg, redundancy)[0]
+
+
+def keep(k: torch.Tensor, q_ring: torch.Tensor, page_table: torch.Tensor, page_size: int,
+         rows: torch.Tensor, lens: torch.Tensor, first: torch.Tensor, lmax: int, cfg,
+         redundancy: bool) -> torch.Tensor:
+    """What ScoringRule.select_batch keeps by those scores under per-head selection, in
+    the same kernel: [len(rows) * layers, H_kv, budget] ascending, each row's top
+    budget - window entries from first[i] on (by score; ties: the older), then its last
+    window entries."""
+    return _launch(k, q_ring, page_table, page_size, rows, lens, lmax, cfg, redundancy,
+                   first)[1]
+
+
+def _launch(k: torch.Tensor, q_ring: torch.Tensor, page_table: torch.Tensor, page_size: int,
+            rows: torch.Tensor, lens: torch.Tensor, lmax: int, cfg, redundancy: bool,
+            first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(scores, kept positions or None without first): one program per (sequence x layer,
+    KV head)."""
     n_layers, _, h_kv, dim = k.shape
-    h_q, window = q_ring.shape[2], cfg.window
+    h_q, window, n = q_ring.shape[2], cfg.window, rows.shape[0] * n_layers
     if not (k.is_contiguous() and q_ring.is_contiguous() and h_q % h_kv == 0):
         raise ValueError("scores: k [layers, slots, H_kv, D] and q_ring [layers, rows * W, "
                          "H_q, D] must be contiguous with H_q a multiple of H_kv")
-    out = torch.empty(rows.shape[0] * n_layers, h_kv, lmax, dtype=torch.float32,
-                      device=k.device)
-    if rows.numel():
-        scratch = torch.empty(rows.shape[0] * n_layers, h_kv, 2, lmax, dtype=torch.float32,
-                              device=k.device)
-        _scores_kernel[(rows.shape[0] * n_layers, h_kv)](
-            k, q_ring, page_table, rows, lens, out, scratch, k.stride(0), q_ring.stride(0),
+    out = torch.empty(n, h_kv, lmax, dtype=torch.float32, device=k.device)
+    kept = None if first is None else torch.empty(n, h_kv, cfg.budget, dtype=torch.long,
+                                                  device=k.device)
+    if n:
+        scratch = torch.empty(n, h_kv, 2, lmax, dtype=torch.float32, device=k.device)
+        _scores_kernel[(n, h_kv)](
+            k, q_ring, page_table, rows, lens, lens if first is None else first, out,
+            scratch, out if kept is None else kept, k.stride(0), q_ring.stride(0),
             page_table.stride(0), lmax, page_size, NORM_EPS, math.sqrt(dim),
             tr.threshold_as(cfg.sim_threshold, k.dtype), float(cfg.mix_lambda),
-            LAYERS=n_layers, H=h_kv, G=h_q // h_kv, W=window,
-            W_PAD=max(16, triton.next_power_of_2(window)), D=dim,
+            cfg.budget - window, SELECT=first is not None, LAYERS=n_layers, H=h_kv,
+            G=h_q // h_kv, W=window, W_PAD=max(16, triton.next_power_of_2(window)), D=dim,
             D_PAD=max(16, triton.next_power_of_2(dim)), KS=cfg.kernel_size,
             MAX_POOL=cfg.pooling == "max", GROUP_MEAN=cfg.group_pooling != "max",
             REDUNDANCY=redundancy, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N,
             IEEE=k.dtype == torch.float32 or not k.is_cuda, HW=k.is_cuda, num_warps=_WARPS)
-    return out
+    return out, kept

@@ -70,5 +70,6 @@ def test_fused_scores_compaction(monkeypatch, algorithm):
     import test_triton_scores as cpu_ts
     from minisparse.engine import triton_scores
 
+    cpu_ts.check_keep(triton_scores, algorithm, {}, 12, 2, 128, torch.float32, "cuda")
     cpu_ts.check_compaction(triton_scores, monkeypatch, algorithm, {}, "per_head",
                             torch.float32, "cuda", 12, 2, 128)

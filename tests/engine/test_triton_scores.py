@@ -1,7 +1,8 @@
-"""engine.triton_scores under Triton's interpreter against the rules' own score_batch: the
-scores of every older entry, then a whole compaction (kept entries and every value of the
-pool after it), for SnapKV and R-KV, sequences of different lengths on shuffled pages
-that split them, protected prompts and GQA groups of 2 and 6 query heads a KV head."""
+"""engine.triton_scores under Triton's interpreter against the rules' own score_batch and
+select_batch: the scores of every older entry, the entries kept per head, then a whole
+compaction (every value of the pool after it), for SnapKV and R-KV, sequences of
+different lengths on shuffled pages that split them, protected prompts and GQA groups of
+2 and 6 query heads a KV head."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -90,14 +91,33 @@ def check_compaction(ts, monkeypatch, algorithm: str, settings: dict, selection:
     want = _pool(h_q, h_kv, d, dtype, device)
     compaction.compact(want, rule, *args, fused=False)
     got = _pool(h_q, h_kv, d, dtype, device)
-    picked = []
-    monkeypatch.setattr(compaction, "fused_scorer", lambda pool, rule: ts)
-    monkeypatch.setattr(rule, "select_scored",
-                        lambda *a: picked.append(type(rule).select_scored(rule, *a)) or picked[-1])
+    ran = []
+    scorer = SimpleNamespace(**{name: lambda *a, name=name: ran.append(name)
+                                or getattr(ts, name)(*a) for name in ("scores", "keep")})
+    monkeypatch.setattr(compaction, "fused_scorer", lambda pool, rule: scorer)
     compaction.compact(got, rule, *args)
-    assert len(picked) == 1  # the fused path ran
+    # per head the kernel selects too; per layer the rule sums its scores over the heads
+    assert ran == ["keep" if selection == "per_head" else "scores"]
     assert not torch.equal(got.k, _pool(h_q, h_kv, d, dtype, device).k)
     assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
+
+
+def check_keep(ts, algorithm: str, settings: dict, h_q: int, h_kv: int, d: int,
+               dtype: torch.dtype, device: str = "cpu") -> None:
+    """The kernel's per-head selection keeps what select_batch keeps from the same keys
+    and queries, protected prompts excluded."""
+    pool, rule = _pool(h_q, h_kv, d, dtype, device), _rule(algorithm, **settings)
+    rows, lens = torch.tensor([3, 0, 2, 1], device=device), torch.tensor(LENS, device=device)
+    first = torch.tensor(PROTECTED, device=device)
+    lmax = max(LENS)
+    got = ts.keep(pool.k, pool.q_ring, pool.page_table, PS, rows, lens, first, lmax,
+                  rule.cfg, algorithm == "rkv")
+    keys = compaction._gather_keys(pool, rows, lmax).view(-1, h_kv, lmax, d)
+    queries = pool.ring_queries(rows, torch.tensor([5, 2, 0, 7], device=device))
+    want = rule.select_batch(keys, queries.view(-1, h_q, W, d), lens.repeat_interleave(LAYERS),
+                             protected=first.repeat_interleave(LAYERS))
+    assert got.shape == want.shape == (len(LENS) * LAYERS, h_kv, rule.budget)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("algorithm,settings", RULES)
@@ -108,6 +128,13 @@ def test_scores_match_score_batch(ts, algorithm, settings, h_q, h_kv, d, dtype):
     """bfloat16 keys: R-KV's similarities rounded to bfloat16 and compared with the
     threshold in bfloat16 (0.3 is 0.30078125 there), as the rule's own path compares."""
     check_scores(ts, algorithm, settings, h_q, h_kv, d, dtype)
+
+
+@pytest.mark.parametrize("algorithm,settings", RULES[1:3])
+@pytest.mark.parametrize("h_q,h_kv,d,dtype", [(*HEADS[0], torch.float32),
+                                              (*HEADS[1], torch.bfloat16)])
+def test_keep_matches_select_batch(ts, algorithm, settings, h_q, h_kv, d, dtype):
+    check_keep(ts, algorithm, settings, h_q, h_kv, d, dtype)
 
 
 @pytest.mark.parametrize("algorithm,settings,selection,dtype", [
