@@ -23,6 +23,7 @@ from minisparse.compression.rules.rkv import RKV
 from minisparse.compression.rules.snapkv import SnapKV
 from minisparse.engine.kv_pool import KVPool, word_rows
 from minisparse.utils.kernels import triton_module
+from minisparse.utils.transfer import to_device
 
 _SCRATCH_BYTES = 1 << 30  # cap on the gathered keys (or scores) per group of sequences
 # score_batch methods triton_scores computes, and whether with R-KV's redundancy
@@ -47,8 +48,9 @@ def compact(pool: KVPool, rule, rows: list[int], cache_lens: list[int],
     group = max(1, _SCRATCH_BYTES // (k.shape[0] * k.shape[2] * max(cache_lens) * width))
     protected = [0] * len(rows) if protected is None else protected
     for i in range(0, len(rows), group):
-        _compact_group(pool, rule, *(pool_tensor(pool, x[i:i + group])
-                                       for x in (rows, cache_lens, next_pos, protected)),
+        # one copy, queued without a host wait (a plain .to(device) waits for the GPU)
+        values = [x[i:i + group] for x in (rows, cache_lens, next_pos, protected)]
+        _compact_group(pool, rule, *to_device(values, pool.device),
                        lmax=max(cache_lens[i:i + group]), scorer=scorer)
 
 
@@ -59,10 +61,6 @@ def fused_scorer(pool: KVPool, rule):
             torch.float16, torch.bfloat16, torch.float32):
         return None
     return triton_module("minisparse.engine.triton_scores", pool.k)
-
-
-def pool_tensor(pool: KVPool, values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long).to(pool.device)
 
 
 def _compact_group(pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor,
