@@ -156,6 +156,87 @@ def _keep_top(SCORES, KEEP, first, older, length, top, W: tl.constexpr, W_PAD: t
 
 
 @triton.jit
+def _softmax_stats(K, PT, Q, length, older, PS, eps, sqrt_d, d, dmask, w, wok,
+                   HD: tl.constexpr, D: tl.constexpr, G: tl.constexpr, W_PAD: tl.constexpr,
+                   D_PAD: tl.constexpr, GROUP_MEAN: tl.constexpr, REDUNDANCY: tl.constexpr,
+                   BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """Step 1: each query's logit max and exp-sum over the older entries (online), and
+    the sum of the unit keys (R-KV)."""
+    m = tl.full([W_PAD], float("-inf"), tl.float32)
+    s = tl.zeros([W_PAD], tl.float32)
+    total = tl.zeros([D_PAD], tl.float32)
+    for n0 in range(0, length, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        k = _keys(K, PT, pos, pos < length, d, dmask, PS, HD)
+        if REDUNDANCY:
+            total += tl.sum(_unit(k, eps), axis=0)
+        lg = _logits(Q, w, wok, d, dmask, k, sqrt_d, G * HD, D, G, GROUP_MEAN, IEEE)
+        lg = tl.where((pos < older)[None, :], lg, float("-inf"))
+        m_new = tl.maximum(m, tl.max(lg, axis=1))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(lg - m_new[:, None]), axis=1)
+        m = m_new
+    return m, s, total
+
+
+@triton.jit
+def _attention_columns(K, PT, Q, ATTN, COL, length, older, PS, eps, sqrt_d, d, dmask, w,
+                       wok, m, s, total, HD: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                       W: tl.constexpr, GROUP_MEAN: tl.constexpr, REDUNDANCY: tl.constexpr,
+                       BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """Step 2: ATTN the attention of each entry averaged over the W queries; COL (R-KV)
+    its similarity column sum without the dropped entries."""
+    for n0 in range(0, length, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        ok = pos < length
+        k = _keys(K, PT, pos, ok, d, dmask, PS, HD)
+        lg = _logits(Q, w, wok, d, dmask, k, sqrt_d, G * HD, D, G, GROUP_MEAN, IEEE)
+        p = tl.exp(tl.where((pos < older)[None, :], lg, float("-inf")) - m[:, None]) / s[:, None]
+        tl.store(ATTN + pos, tl.sum(tl.where(wok[:, None], p, 0.0), axis=0) / W, mask=ok)
+        if REDUNDANCY:
+            u = _unit(k, eps)
+            tl.store(COL + pos, tl.sum(u * total[None, :], axis=1) - tl.sum(u * u, axis=1),
+                     mask=ok)
+
+
+@triton.jit
+def _column_softmax_stats(COL, length, BLOCK_N: tl.constexpr):
+    """Step 4: max and exp-sum of the column means COL / length over the entries."""
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for n0 in range(0, length, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        x = tl.load(COL + pos, mask=pos < length, other=float("-inf")) / length
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    return m, s
+
+
+@triton.jit
+def _mix(OUT, ATTN, COL, length, older, LMAX, mix, m_red, s_red, KS: tl.constexpr,
+         MAX_POOL: tl.constexpr, REDUNDANCY: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Step 5: OUT the attention pooled along the entries (zeros outside the older ones),
+    mixed with the softmax of the column means (R-KV)."""
+    for n0 in range(0, LMAX, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        pooled = tl.zeros([BLOCK_N], tl.float32)
+        for o in tl.static_range(KS):
+            at = pos + (o - KS // 2)
+            a = tl.load(ATTN + at, mask=(at >= 0) & (at < older), other=0.0)
+            if MAX_POOL:
+                pooled = tl.maximum(pooled, a)
+            else:
+                pooled += a
+        if not MAX_POOL:
+            pooled = pooled / KS
+        score = pooled
+        if REDUNDANCY:
+            x = tl.load(COL + pos, mask=pos < length, other=float("-inf")) / length
+            score = mix * pooled - (1.0 - mix) * (tl.exp(x - m_red) / s_red)
+        tl.store(OUT + pos, score, mask=pos < LMAX)
+
+
+@triton.jit
 def _scores_kernel(K, QR, PT, ROWS, LENS, FIRST, OUT, SCR, KEEP, stride_kl, stride_ql,
                    stride_pt, LMAX, PS, eps, sqrt_d, threshold, mix, TOP,
                    SELECT: tl.constexpr, LAYERS: tl.constexpr, H: tl.constexpr,
@@ -177,64 +258,22 @@ def _scores_kernel(K, QR, PT, ROWS, LENS, FIRST, OUT, SCR, KEEP, stride_kl, stri
     dmask = d < D
     w = tl.arange(0, W_PAD)
     wok = w < W
-    # 1. softmax statistics of each query's logits over the older entries; sum of unit keys
-    m = tl.full([W_PAD], float("-inf"), tl.float32)
-    s = tl.zeros([W_PAD], tl.float32)
-    total = tl.zeros([D_PAD], tl.float32)
-    for n0 in range(0, length, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        k = _keys(K, PT, pos, pos < length, d, dmask, PS, H * D)
-        if REDUNDANCY:
-            total += tl.sum(_unit(k, eps), axis=0)
-        lg = _logits(Q, w, wok, d, dmask, k, sqrt_d, G * H * D, D, G, GROUP_MEAN, IEEE)
-        lg = tl.where((pos < older)[None, :], lg, float("-inf"))
-        m_new = tl.maximum(m, tl.max(lg, axis=1))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(lg - m_new[:, None]), axis=1)
-        m = m_new
-    # 2. attention averaged over the queries; similarity column sums
-    for n0 in range(0, length, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < length
-        k = _keys(K, PT, pos, ok, d, dmask, PS, H * D)
-        lg = _logits(Q, w, wok, d, dmask, k, sqrt_d, G * H * D, D, G, GROUP_MEAN, IEEE)
-        p = tl.exp(tl.where((pos < older)[None, :], lg, float("-inf")) - m[:, None]) / s[:, None]
-        tl.store(ATTN + pos, tl.sum(tl.where(wok[:, None], p, 0.0), axis=0) / W, mask=ok)
-        if REDUNDANCY:
-            u = _unit(k, eps)
-            tl.store(COL + pos, tl.sum(u * total[None, :], axis=1) - tl.sum(u * u, axis=1),
-                     mask=ok)
+    m, s, total = _softmax_stats(K, PT, Q, length, older, PS, eps, sqrt_d, d, dmask, w, wok,
+                                 H * D, D, G, W_PAD, D_PAD, GROUP_MEAN, REDUNDANCY, BLOCK_N,
+                                 IEEE)
+    _attention_columns(K, PT, Q, ATTN, COL, length, older, PS, eps, sqrt_d, d, dmask, w, wok,
+                       m, s, total, H * D, D, G, W, GROUP_MEAN, REDUNDANCY, BLOCK_N, IEEE)
     tl.debug_barrier()
-    if REDUNDANCY:  # 3. the newest near-duplicates; 4. softmax of the column means
+    m_red = tl.zeros([], tl.float32)
+    s_red = tl.zeros([], tl.float32)
+    if REDUNDANCY:
         _last_above(K, PT, COL, length, PS, eps, threshold, d, dmask, H * D, BLOCK_M,
                     BLOCK_N, IEEE, HW)
         tl.debug_barrier()
-        m_red = tl.full([], float("-inf"), tl.float32)
-        s_red = tl.zeros([], tl.float32)
-        for n0 in range(0, length, BLOCK_N):
-            pos = n0 + tl.arange(0, BLOCK_N)
-            x = tl.load(COL + pos, mask=pos < length, other=float("-inf")) / length
-            m_new = tl.maximum(m_red, tl.max(x, axis=0))
-            s_red = s_red * tl.exp(m_red - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-            m_red = m_new
-    # 5. pooled attention (zeros outside the older entries), mixed with the redundancy
-    for n0 in range(0, LMAX, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        pooled = tl.zeros([BLOCK_N], tl.float32)
-        for o in tl.static_range(KS):
-            at = pos + (o - KS // 2)
-            a = tl.load(ATTN + at, mask=(at >= 0) & (at < older), other=0.0)
-            if MAX_POOL:
-                pooled = tl.maximum(pooled, a)
-            else:
-                pooled += a
-        if not MAX_POOL:
-            pooled = pooled / KS
-        score = pooled
-        if REDUNDANCY:
-            x = tl.load(COL + pos, mask=pos < length, other=float("-inf")) / length
-            score = mix * pooled - (1.0 - mix) * (tl.exp(x - m_red) / s_red)
-        tl.store(OUT + row + pos, score, mask=pos < LMAX)
-    if SELECT:
+        m_red, s_red = _column_softmax_stats(COL, length, BLOCK_N)
+    _mix(OUT + row, ATTN, COL, length, older, LMAX, mix, m_red, s_red, KS, MAX_POOL,
+         REDUNDANCY, BLOCK_N)
+    if SELECT:  # 6.
         tl.debug_barrier()
         keep = KEEP + (r * H + h).to(tl.int64) * (TOP + W)
         _keep_top(OUT + row, keep, tl.load(FIRST + i).to(tl.int32), older, length, TOP, W,
