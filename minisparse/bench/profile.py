@@ -13,7 +13,9 @@ pages spread over the pool; with compression, at most the compression bound), th
     per step and its share (eager launches add gaps between kernels, not kernel time);
   - bound: the weights plus the B caches read once at the copy bandwidth measured here;
   - with --compress, one compaction event of all B sequences at the length where it
-    falls due (budget + divide_length), timed and split by kernel the same way.
+    falls due (budget + divide_length), timed and split by kernel the same way; with
+    --compaction-scoring both, once with the fused scoring kernel the engine runs for
+    SnapKV and R-KV on CUDA and once with the rule's own score_batch.
 Why not the bench: it times whole rollouts; this says which kernel to fix.
 """
 from __future__ import annotations
@@ -30,12 +32,13 @@ from minisparse.bench.run import CONFIG_KEYS, bench_config
 from minisparse.compression import max_cache_tokens
 from minisparse.config.cli import HelpFormatter, add_config_flags
 from minisparse.engine import LLMEngine, SamplingParams
-from minisparse.engine.compaction import compact
+from minisparse.engine.compaction import compact, fused_scorer
 from minisparse.engine.step import decode_forward, sample_hidden
 from minisparse.models.loading import kv_bytes_per_token
 
 # Kernel-name fragments -> the part of the step they belong to (first match wins).
-KINDS = (("gemm", "GEMM"), ("gemv", "GEMM"), ("cutlass", "GEMM"), ("sm90_xmma", "GEMM"),
+KINDS = (("_scores_kernel", "fused scores"), ("gemm", "GEMM"), ("gemv", "GEMM"),
+         ("cutlass", "GEMM"), ("sm90_xmma", "GEMM"),
          ("nvjet", "GEMM"), ("_split_kernel", "attention"), ("_merge_splits", "attention"),
          ("_rope_kernel", "RoPE"), ("_add_rms", "RMSNorm"), ("silu", "SiLU*up"),
          ("_partial_kernel", "sampler"), ("_merge_kernel", "sampler"),
@@ -62,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=50, help="timed decode steps per batch size")
     p.add_argument("--top", type=int, default=12, help="kernels listed per table")
     p.add_argument("--json", default=None, help="write the tables here")
+    p.add_argument("--compaction-scoring", choices=("fused", "rule", "both"), default="fused",
+                   help="score the compaction event with the fused kernel (SnapKV, R-KV: "
+                        "what the engine runs), the rule's score_batch, or each in turn")
     add_config_flags(p.add_argument_group("model, compression and engine settings"),
                      CONFIG_KEYS)
     return p
@@ -146,20 +152,32 @@ def profile_batch(engine: LLMEngine, batch: int, length: int, args, sp: Sampling
                 kernels=kernels)
 
 
-def profile_compaction(engine: LLMEngine, batch: int) -> dict:
-    """One compaction event of `batch` sequences, each at budget + divide_length entries."""
+def profile_compaction(engine: LLMEngine, batch: int, fused: bool) -> dict:
+    """One compaction event of `batch` sequences, each at budget + divide_length entries;
+    fused False: scored by the rule's score_batch (see compaction.compact)."""
     cfg = engine.compress
     length = cfg.budget + cfg.divide_length
     fill_caches(engine, batch, length)
     rows, lens = list(range(batch)), [length] * batch
 
     def event():
-        compact(engine.pool, engine.rule, rows, lens, lens)
+        compact(engine.pool, engine.rule, rows, lens, lens, fused=fused)
 
     with torch.inference_mode():
         ms = median_ms(event, 10)
         kernels = kernel_table(event, 5)
-    return dict(batch=batch, cache_len=length, ms=ms, kinds=by_kind(kernels), kernels=kernels)
+    return dict(batch=batch, cache_len=length, fused=fused, ms=ms, kinds=by_kind(kernels),
+                kernels=kernels)
+
+
+def compaction_modes(engine: LLMEngine, scoring: str) -> list[bool]:
+    """The compaction events to profile (fused or not): none for dense, and only the
+    rule's path where no fused kernel serves the rule."""
+    if engine.rule is None:
+        return []
+    if fused_scorer(engine.pool, engine.rule) is None:
+        return [False]
+    return {"fused": [True], "rule": [False], "both": [True, False]}[scoring]
 
 
 def print_step(r: dict, top: int) -> None:
@@ -208,10 +226,11 @@ def main(argv: list[str] | None = None) -> None:
         r = profile_batch(engine, b, length, args, sp, bandwidth, weights, kv)
         print_step(r, args.top)
         result["steps"].append(r)
-        if engine.rule is not None:
-            c = profile_compaction(engine, b)
-            print(f"\n## compaction of {b} sequences at {c['cache_len']} entries: "
-                  f"{c['ms']:.3f} ms ({c['ms'] / r['step_ms']:.1f} decode steps)")
+        for fused in compaction_modes(engine, args.compaction_scoring):
+            c = profile_compaction(engine, b, fused)
+            print(f"\n## compaction of {b} sequences at {c['cache_len']} entries, scored "
+                  f"{'by the fused kernel' if fused else 'by the rule'}: {c['ms']:.3f} ms "
+                  f"({c['ms'] / r['step_ms']:.1f} decode steps)")
             print_kernels(c, args.top)
             result.setdefault("compaction", []).append(c)
     if args.json:

@@ -177,6 +177,23 @@ class ScoringRule:
         cap = self.chunk_bytes if chunk_bytes is None else chunk_bytes
         return max(1, cap // self.scratch_bytes(keys, queries))
 
+    def select_scored(self, scores: torch.Tensor, lengths: torch.Tensor,
+                      protected: torch.Tensor) -> torch.Tensor:
+        """select_batch's kept positions [B, H_kv, budget] from scores [B, H_kv, Lmax]
+        already computed (the engine's fused scoring kernels compute them without
+        score_batch); positions from lengths[b] - window on and below protected[b] may
+        hold anything."""
+        rows, h_kv, lmax = scores.shape
+        older = position_mask(lengths - self.window, lmax) & ~position_mask(protected, lmax)
+        older = older[:, None, :]
+        scores = scores.masked_fill(~older, float("-inf"))
+        if self.cfg.selection == "per_layer":
+            scores = scores.sum(dim=1, keepdim=True)
+        top = scores.topk(self.budget - self.window, dim=-1, sorted=False).indices
+        recent = torch.arange(self.window, device=scores.device) - self.window
+        recent = (lengths[:, None] + recent).unsqueeze(1).expand(rows, h_kv, -1)
+        return ascending(torch.cat([top.expand(rows, h_kv, -1), recent], dim=-1), lmax)
+
     # ---- internals --------------------------------------------------------------------
 
     def _select_rows(
@@ -185,17 +202,8 @@ class ScoringRule:
     ) -> torch.Tensor:
         """Top budget - W older tokens by score (from protected[b] on) plus the last W
         tokens, sorted."""
-        rows, h_kv, lmax, _ = keys.shape
         scores = self._scores(keys, queries if self.uses_queries else None, lengths)
-        older = position_mask(lengths - self.window, lmax) & ~position_mask(protected, lmax)
-        older = older[:, None, :]
-        scores = scores.masked_fill(~older, float("-inf"))
-        if self.cfg.selection == "per_layer":
-            scores = scores.sum(dim=1, keepdim=True)
-        top = scores.topk(self.budget - self.window, dim=-1, sorted=False).indices
-        recent = torch.arange(self.window, device=keys.device) - self.window
-        recent = (lengths[:, None] + recent).unsqueeze(1).expand(rows, h_kv, -1)
-        return ascending(torch.cat([top.expand(rows, h_kv, -1), recent], dim=-1), lmax)
+        return self.select_scored(scores, lengths, protected)
 
     def _scores(self, keys: torch.Tensor, queries: torch.Tensor | None,
                 lengths: torch.Tensor) -> torch.Tensor:

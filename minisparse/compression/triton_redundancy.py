@@ -37,7 +37,7 @@ _WARPS = 4
 
 
 @triton.jit
-def _round(x, DTYPE: tl.constexpr, HW: tl.constexpr):
+def round_as(x, DTYPE: tl.constexpr, HW: tl.constexpr):
     """float32 x rounded to DTYPE (to nearest, ties to even), returned as float32. Compiled
     (HW) that is the hardware conversion; the interpreter truncates float32 -> bf16 casts
     (Triton 3.6), so there bf16 rounds through the bits."""
@@ -83,7 +83,7 @@ def _norms_sums_kernel(K, LENS, DEN, SUMS, UNIT, eps, stride_kb, stride_kh, stri
         tl.store(SUMS + out + pos, col, mask=valid)
         # exact in UNIT's dtype once rounded (the interpreter's truncating cast included)
         tl.store(UNIT + (out + pos)[:, None] * D + d[None, :],
-                 _round(u, UNIT.dtype.element_ty, HW).to(UNIT.dtype.element_ty),
+                 round_as(u, UNIT.dtype.element_ty, HW).to(UNIT.dtype.element_ty),
                  mask=valid[:, None] & dmask[None, :])
 
 
@@ -97,6 +97,21 @@ def _unit_tile(UNIT, out, pos, ok, d, dmask, D: tl.constexpr, IEEE: tl.constexpr
         return u.to(tl.float32)
     else:
         return u
+
+
+@triton.jit
+def newest_above(s, cols, col_ok, threshold, best, best_val):
+    """One step of the search from the newest key block down: rows of the similarity tile
+    s (columns cols) that have no column above the threshold yet (best < 0) take their
+    newest one here and its similarity (best, best_val updated)."""
+    above = (s > threshold) & col_ok[None, :]
+    block_last = tl.max(tl.where(above, cols[None, :], -1), axis=1)
+    new = (best < 0) & (block_last >= 0)
+    if tl.max(new.to(tl.int32), axis=0) > 0:
+        block_val = tl.sum(tl.where(cols[None, :] == block_last[:, None], s, 0.0), axis=1)
+        best = tl.where(new, block_last, best)
+        best_val = tl.where(new, block_val, best_val)
+    return best, best_val
 
 
 @triton.jit
@@ -129,16 +144,10 @@ def _last_above_kernel(UNIT, LENS, LAST, DROP, threshold, H, LMAX, D: tl.constex
             s = tl.dot(q, tl.trans(kc), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(kc))
-        s = _round(s, DT, HW)  # the similarity in the input dtype
+        s = round_as(s, DT, HW)  # the similarity in the input dtype
         if (n0 < mb * BLOCK_M + BLOCK_M) & (n0 + BLOCK_N > mb * BLOCK_M):
             s = tl.where(cols[None, :] == rows[:, None], 0.0, s)  # zeroed diagonal
-        above = (s > threshold) & (cols < length)[None, :]
-        block_last = tl.max(tl.where(above, cols[None, :], -1), axis=1)
-        new = (best < 0) & (block_last >= 0)
-        if tl.max(new.to(tl.int32), axis=0) > 0:
-            block_val = tl.sum(tl.where(cols[None, :] == block_last[:, None], s, 0.0), axis=1)
-            best = tl.where(new, block_last, best)
-            best_val = tl.where(new, block_val, best_val)
+        best, best_val = newest_above(s, cols, cols < length, threshold, best, best_val)
         if n0 == 0:
             first_val = tl.sum(tl.where(cols[None, :] == 0, s, 0.0), axis=1)
         done = tl.min(tl.where(row_ok, best, 0), axis=0) >= 0
@@ -148,6 +157,12 @@ def _last_above_kernel(UNIT, LENS, LAST, DROP, threshold, H, LMAX, D: tl.constex
     keep = rows < LMAX
     tl.store(LAST + out + rows, tl.where(found, best, 0).to(tl.int64), mask=keep)
     tl.store(DROP + out + rows, tl.where(found, best_val, first_val), mask=keep)
+
+
+def threshold_as(sim_threshold: float, dtype: torch.dtype) -> float:
+    """sim_threshold rounded to the similarities' dtype, as the PyTorch path compares
+    them (a bfloat16 tensor > 0.3 compares against bfloat16's 0.30078125)."""
+    return float(torch.tensor(sim_threshold, dtype=dtype))
 
 
 def column_sums(keys: torch.Tensor, lengths: torch.Tensor, sim_threshold: float,
@@ -170,7 +185,8 @@ def column_sums(keys: torch.Tensor, lengths: torch.Tensor, sim_threshold: float,
                                        HW=keys.is_cuda)
     ieee = keys.dtype == torch.float32 or not keys.is_cuda
     _last_above_kernel[(rows * h_kv, triton.cdiv(lmax, _BLOCK_M))](
-        unit, lengths, last, drop, float(sim_threshold), h_kv, lmax, D=dim, D_PAD=d_pad,
-        BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, IEEE=ieee, HW=keys.is_cuda, num_warps=_WARPS)
+        unit, lengths, last, drop, threshold_as(sim_threshold, keys.dtype), h_kv, lmax, D=dim,
+        D_PAD=d_pad, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, IEEE=ieee, HW=keys.is_cuda,
+        num_warps=_WARPS)
     sums.scatter_add_(-1, last, -drop)
     return sums

@@ -11,44 +11,96 @@ ceil((P + budget) / page_size) to the pool (Scheduler.compacted).
 
 On CUDA the key gather and the packing are Triton kernels (triton_compaction) that read
 the page table themselves; the PyTorch copies here are the CPU path and their reference.
+For the shipped SnapKV and R-KV rules on CUDA one kernel (triton_scores) scores every
+entry straight from the pool and the query ring, with no gathered copy: the rule's
+score_batch is then the reference, and the path of every other rule.
 """
 from __future__ import annotations
 
 import torch
 
+from minisparse.compression.rules.rkv import RKV
+from minisparse.compression.rules.snapkv import SnapKV
 from minisparse.engine.kv_pool import KVPool, word_rows
 from minisparse.utils.kernels import triton_module
+from minisparse.utils.transfer import to_device
 
-_GATHER_BYTES = 1 << 30  # cap on the gathered keys per group of sequences
+_SCRATCH_BYTES = 1 << 30  # cap on the gathered keys (or scores) per group of sequences
+# score_batch methods triton_scores computes, and whether with R-KV's redundancy
+_FUSED = {SnapKV.score_batch: False, RKV.score_batch: True}
 
 
 @torch.no_grad()
 def compact(pool: KVPool, rule, rows: list[int], cache_lens: list[int],
-            next_pos: list[int], protected: list[int] | None = None) -> None:
+            next_pos: list[int], protected: list[int] | None = None,
+            fused: bool = True) -> None:
     """Compress the caches of the sequences in `rows` (runner slots) down to rule.budget
     entries after their first protected[i] (None: 0 each), which stay. cache_lens: their
     entries now (each > protected + budget); next_pos: their next RoPE position (used to
-    read the query ring in time order)."""
+    read the query ring in time order). fused False: score with the rule's score_batch
+    even where the fused scoring kernel serves the rule (to measure one against the
+    other)."""
     k = pool.k
-    per_seq = k.shape[0] * k.shape[2] * max(cache_lens) * k.shape[3] * k.element_size()
-    group = max(1, _GATHER_BYTES // per_seq)
+    scorer = fused_scorer(pool, rule) if fused else None
+    # per sequence: its gathered keys, or with the fused kernel (which gathers nothing)
+    # its float32 scores, their scratch and the selection's masked copy
+    width = 16 if scorer else k.shape[3] * k.element_size()
+    group = max(1, _SCRATCH_BYTES // (k.shape[0] * k.shape[2] * max(cache_lens) * width))
     protected = [0] * len(rows) if protected is None else protected
     for i in range(0, len(rows), group):
-        _compact_group(pool, rule, *(pool_tensor(pool, x[i:i + group])
-                                       for x in (rows, cache_lens, next_pos, protected)),
-                       lmax=max(cache_lens[i:i + group]))
+        # one copy, queued without a host wait (a plain .to(device) waits for the GPU)
+        values = [x[i:i + group] for x in (rows, cache_lens, next_pos, protected)]
+        _compact_group(pool, rule, *to_device(values, pool.device),
+                       lmax=max(cache_lens[i:i + group]), scorer=scorer)
 
 
-def pool_tensor(pool: KVPool, values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long).to(pool.device)
+def fused_scorer(pool: KVPool, rule):
+    """triton_scores when it computes this rule's scores on this pool (CUDA, a shipped
+    SnapKV or R-KV scoring, half or float32 keys), else None."""
+    if _FUSED.get(type(rule).score_batch) is None or pool.k.dtype not in (
+            torch.float16, torch.bfloat16, torch.float32):
+        return None
+    return triton_module("minisparse.engine.triton_scores", pool.k)
 
 
 def _compact_group(pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor,
-                   next_pos: torch.Tensor, protected: torch.Tensor, lmax: int) -> None:
-    """lmax: max(lens), known on the host (no device sync)."""
-    n_layers, _, h_kv, d = pool.k.shape
-    s, budget = rows.shape[0], rule.budget
+                   next_pos: torch.Tensor, protected: torch.Tensor, lmax: int,
+                   scorer=None) -> None:
+    """lmax: max(lens), known on the host (no device sync); scorer: triton_scores or
+    None (the rule's select_batch)."""
+    n_layers, h_kv, budget = pool.k.shape[0], pool.k.shape[2], rule.budget
     fast = triton_module("minisparse.engine.triton_compaction", pool.k)
+    if scorer is not None:
+        keep = _fused_select(scorer, pool, rule, rows, lens, protected, lmax)
+    else:
+        keep = _select(pool, rule, rows, lens, next_pos, protected, lmax, fast)
+    keep = keep.view(rows.shape[0], n_layers, h_kv, budget)
+    if fast:
+        fast.compact_in_place(pool.k, pool.v, pool.page_table, pool.page_size, rows, keep,
+                              protected)
+    else:
+        _pack(pool, rows, keep, protected)
+
+
+def _fused_select(scorer, pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor,
+                  protected: torch.Tensor, lmax: int) -> torch.Tensor:
+    """What rule.select_batch keeps, scored by triton_scores (and, per head, selected in
+    the same kernel): [s * layers, H_kv, budget]."""
+    args = (pool.k, pool.q_ring, pool.page_table, pool.page_size, rows, lens)
+    redundancy = _FUSED[type(rule).score_batch]
+    if rule.cfg.selection == "per_head":
+        return scorer.keep(*args, protected, lmax, rule.cfg, redundancy)
+    scores = scorer.scores(*args, lmax, rule.cfg, redundancy)
+    n_layers = pool.k.shape[0]
+    return rule.select_scored(scores, _per_row(lens, n_layers), _per_row(protected, n_layers))
+
+
+def _select(pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor, next_pos: torch.Tensor,
+            protected: torch.Tensor, lmax: int, fast) -> torch.Tensor:
+    """The rule's select_batch on the gathered keys and ring queries: [s * layers, H_kv,
+    budget]."""
+    n_layers, _, h_kv, d = pool.k.shape
+    s = rows.shape[0]
     if fast:
         keys = fast.gather_keys(pool.k, pool.page_table, pool.page_size, rows, lens, lmax)
     else:
@@ -58,15 +110,14 @@ def _compact_group(pool: KVPool, rule, rows: torch.Tensor, lens: torch.Tensor,
     if rule.uses_queries:
         queries = pool.ring_queries(rows, next_pos)  # [s, layers, H_q, W, D]
         queries = queries.view(s * n_layers, -1, pool.window, d)
-    keep = rule.select_batch(keys, queries, lens.repeat_interleave(n_layers),
-                               protected=protected.repeat_interleave(n_layers))
-    del keys, queries
-    keep = keep.view(s, n_layers, h_kv, budget)
-    if fast:
-        fast.compact_in_place(pool.k, pool.v, pool.page_table, pool.page_size, rows, keep,
-                              protected)
-    else:
-        _pack(pool, rows, keep, protected)
+    return rule.select_batch(keys, queries, _per_row(lens, n_layers),
+                             protected=_per_row(protected, n_layers))
+
+
+def _per_row(x: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """A value per sequence as one per (sequence, layer) row (sequence-major), in one
+    copy kernel."""
+    return x[:, None].expand(-1, n_layers).reshape(-1)
 
 
 def _pack(pool: KVPool, rows: torch.Tensor, keep: torch.Tensor,

@@ -2,11 +2,15 @@
 laid out for the timed step, and the one-line refusal without a GPU."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from engine_helpers import build, make_engine
 from minisparse.bench import profile
+from minisparse.compression import build_rule
+from minisparse.config.schema import CompressConfig
 
 
 @pytest.mark.parametrize("kernel,kind", [
@@ -14,6 +18,7 @@ from minisparse.bench import profile
     ("_split_kernel", "attention"),
     ("_add_rms_kernel", "RMSNorm"),
     ("_norms_sums_kernel", "redundancy"),  # "norms" holds "rms": not the RMSNorm
+    ("_scores_kernel", "fused scores"),
     ("_silu_mul_kernel", "SiLU*up"),
     ("_partial_kernel", "sampler"),
     ("void at::native::radixSortKVInPlace<2, -1, 32, 32, short, long>", "top-k and sort"),
@@ -28,6 +33,18 @@ def test_parts_sum_their_kernels_largest_first():
     rows = [dict(kind="GEMM", us=3.0), dict(kind="attention", us=4.0),
             dict(kind="GEMM", us=2.5)]
     assert list(profile.by_kind(rows).items()) == [("GEMM", 5.5), ("attention", 4.0)]
+
+
+def test_compaction_is_scored_each_way_asked_where_the_fused_kernel_serves(monkeypatch):
+    pool = SimpleNamespace(k=torch.zeros(1, 1, 1, 16))
+    rkv = build_rule(CompressConfig(algorithm="rkv"))
+    assert profile.compaction_modes(SimpleNamespace(rule=None, pool=pool), "both") == []
+    engine = SimpleNamespace(rule=rkv, pool=pool)
+    assert profile.compaction_modes(engine, "both") == [False]  # CPU: the rule's path only
+    monkeypatch.setattr(profile, "fused_scorer", lambda pool, rule: object())
+    assert profile.compaction_modes(engine, "both") == [True, False]
+    assert profile.compaction_modes(engine, "fused") == [True]
+    assert profile.compaction_modes(engine, "rule") == [False]
 
 
 def test_caches_fill_spread_out_pages_with_random_entries():

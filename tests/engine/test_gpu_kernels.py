@@ -1,8 +1,8 @@
 """The compiled Triton kernels on CUDA (skipped without it): the fused sampler at the real
-vocabulary, the elementwise kernels and compaction's copies, against the PyTorch
-references. Kept apart from
-the interpreter tests, which switch Triton to its interpreter for the whole process; run
-this module in its own pytest process on a GPU machine."""
+vocabulary, the elementwise kernels, compaction's copies and its fused scores, against the
+PyTorch references. Kept apart from the interpreter tests, which switch Triton to its
+interpreter for the whole process; run this module in its own pytest process on a GPU
+machine."""
 from __future__ import annotations
 
 import pytest
@@ -50,3 +50,26 @@ def test_compaction_copies(budget, L):
     cpu_tc.check_gather(triton_compaction, "cuda", 128)
     cpu_tc.check_compact(triton_compaction, "cuda", 128, budget, L)
     cpu_tc.check_compact(triton_compaction, "cuda", 128, budget, L, protected=(5, 0, 3))
+
+
+@pytest.mark.parametrize("algorithm,settings", [("rkv", {}), ("snapkv", {})])
+def test_fused_scores(algorithm, settings):
+    """At the 1.5B's heads (12 query, 2 KV, 128 wide): float32 as the rule scores; in
+    bfloat16 tensor cores sum in another order, so a similarity on the threshold may round
+    the other way and move one column of R-KV's redundancy."""
+    import test_triton_scores as cpu_ts
+    from minisparse.engine import triton_scores
+
+    cpu_ts.check_scores(triton_scores, algorithm, settings, 12, 2, 128, torch.float32, "cuda")
+    cpu_ts.check_scores(triton_scores, algorithm, settings, 12, 2, 128, torch.bfloat16, "cuda",
+                        rtol=1e-2, min_close=0.98)
+
+
+@pytest.mark.parametrize("algorithm", ["rkv", "snapkv"])
+def test_fused_scores_compaction(monkeypatch, algorithm):
+    import test_triton_scores as cpu_ts
+    from minisparse.engine import triton_scores
+
+    cpu_ts.check_keep(triton_scores, algorithm, {}, 12, 2, 128, torch.float32, "cuda")
+    cpu_ts.check_compaction(triton_scores, monkeypatch, algorithm, {}, "per_head",
+                            torch.float32, "cuda", 12, 2, 128)
