@@ -105,8 +105,10 @@ def _two_rank_worker(rank: int, init_file: str, out_dir: str) -> None:
         per_rank = {0: [[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]],
                     1: [[0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]]}
         out, metrics, drawn = _run(per_rank[rank], needed=2, max_rounds=5, reduce=all_reduce)
-        # the REINFORCE++ whitening over both ranks' samples
-        whitened = batch_whiten(out.rewards, out.response_mask.sum(dim=1), reduce=all_reduce)
+        # the REINFORCE++ whitening over both ranks' samples; rank 1's values doubled, so
+        # each rank's own mean and std differ from the pair's
+        whitened = batch_whiten(out.rewards * (rank + 1), out.response_mask.sum(dim=1),
+                                reduce=all_reduce)
         result = (len(out), out.labels, drawn, dict(metrics), whitened.tolist())
         with open(f"{out_dir}/rank{rank}.pkl", "wb") as fh:
             pickle.dump(result, fh)
@@ -127,7 +129,7 @@ def test_two_ranks_draw_in_lockstep_and_end_with_equal_batches(tmp_path):
     assert r1[1] == ["a2", "a3", "c0", "c1"]
     assert r0[3]["dynamic_sampling/surplus_groups"] == 0 and r1[3]["dynamic_sampling/filled_groups"] == 0
     # whitened over the 8 samples of both ranks = one process whitening all of them
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 2.0])
     lengths = torch.tensor([1, 2, 3, 4, 3, 4, 1, 2])
     whole = batch_whiten(rewards, lengths).tolist()
     assert r0[4] + r1[4] == pytest.approx(whole, abs=1e-6)
