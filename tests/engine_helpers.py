@@ -214,7 +214,9 @@ def track(engine, monkeypatch) -> Tracker:
                         lambda *a, **k: tr.selected.append(real_select(*a, **k)) or tr.selected[-1])
 
     def compact(pool, policy, rows, lens, next_pos, protected=None):
-        real_compact(pool, policy, rows, lens, next_pos, protected)
+        # through select_batch, where the tracker sees the selection (the fused scoring
+        # kernel is pinned to it by tests/engine/test_triton_scores.py)
+        real_compact(pool, policy, rows, lens, next_pos, protected, fused=False)
         tr.compacted(rows, protected)
     monkeypatch.setattr(engine_mod, "compact", compact)
     return tr

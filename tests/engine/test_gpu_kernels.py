@@ -33,7 +33,8 @@ def ops():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_elementwise_kernels(ops, dtype):
     cpu_ops.test_add_rms_norm(ops, "cuda", dtype)
-    cpu_ops.test_rope_and_cache_write(ops, "cuda", dtype)
+    for heads in ((4, 2), (6, 2), (6, 3)):
+        cpu_ops.test_rope_and_cache_write(ops, "cuda", dtype, *heads)
     cpu_ops.test_silu_mul(ops, "cuda", dtype)
     cpu_ops.test_split_k_partials_summed_by_add_rms_norm(ops, "cuda", dtype)
 
