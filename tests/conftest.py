@@ -3,9 +3,16 @@ the tiny model (built once per session) that many test modules load."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
+
+# A test run started as a background job (`cmd &`) inherits SIGINT ignored, and an ignored
+# signal stays ignored in every process it starts; the tests that press Ctrl-C on a run
+# need it delivered as from a terminal (a caught signal is reset to the default in a child).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Runs compared row for row (a resumed run against a straight one) need the same torch
 # thread count: float sums depend on it, and a run left to choose (utils/threads.py)
