@@ -58,10 +58,7 @@ def test_ctrl_c_to_the_process_group_leaves_the_workers_quiet(phase):
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, phase], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        # as from a terminal, whatever started the tests (a background job ignores SIGINT,
-        # and an ignored signal stays ignored in its children)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         assert holder.stdout.readline() == "ready\n", holder.stderr.read()
         assert holder.stdout.readline() == {"idle": "waiting\n", "grading": "sent\n"}[phase]
