@@ -62,7 +62,7 @@ bPt to the weights, no LM-head gradient is made (the head is frozen), no referen
 visits (the reference pass is the policy with its adapters off), and the rollout holds
 the merged copy of the adapted weights (b a weight; freed for the training phases).
 
-How close the estimates came to measured peaks: docs/training.md, "Memory plan".
+How close the estimates came to measured peaks: docs/memory.md, "Memory plan".
 """
 
 from __future__ import annotations
