@@ -5,7 +5,7 @@ tier (pytest -m algorithm); a mutation the tier passes has survived.
     python -m scripts.mutation_check              # every mutation; exit 1 if one survives
     python -m scripts.mutation_check --list       # the mutations, numbered
     python -m scripts.mutation_check --only 1 12  # some of them
-    python -m scripts.mutation_check --only 7 --tests tests/test_train_learns.py
+    python -m scripts.mutation_check --only 7 --tests tests/train/test_train_learns.py
 
 Each mutation is applied in a scratch copy of the working tree (tracked files and new ones
 git does not ignore), so the checkout is never touched and an interrupted check leaves

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
+
+# The suite's helper modules (tests/helpers/) import by name from every test folder.
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 
 # A test run started as a background job (`cmd &`) inherits SIGINT ignored, and an ignored
 # signal stays ignored in every process it starts; the tests that press Ctrl-C on a run

@@ -1,5 +1,5 @@
 """scripts/ablation.sh without a GPU: its options, the runs it would start
-(--dry-run) and the errors it gives; the runs themselves are train.py's (tests/test_train.py)."""
+(--dry-run) and the errors it gives; the runs themselves are train.py's (tests/train/test_train.py)."""
 import json
 import os
 import subprocess

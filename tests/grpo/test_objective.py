@@ -1,5 +1,5 @@
 """One micro-batch's GRPO loss read out of the rollout batch (grpo/objective.py), on the
-worked example (tests/worked_example.py): the sampler, dense old, reference and current
+worked example (tests/helpers/worked_example.py): the sampler, dense old, reference and current
 log-probs all differ, so taking any of them for another, or the response mask for the
 kept tokens or the weights, changes a checked number."""
 from dataclasses import replace

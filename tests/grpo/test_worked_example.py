@@ -1,5 +1,5 @@
 """Corrections and loss on a batch whose rollout, old, reference and current log-probs all
-differ (tests/worked_example.py has the table and the hand-worked values)."""
+differ (tests/helpers/worked_example.py has the table and the hand-worked values)."""
 import math
 
 import pytest

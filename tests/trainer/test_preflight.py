@@ -1,5 +1,5 @@
 """Pre-flight checks: each bad input fails with one message naming it, before any model
-loads (tests/test_train.py runs train.py on the same inputs and sees exit 2)."""
+loads (tests/train/test_train.py runs train.py on the same inputs and sees exit 2)."""
 import json
 from pathlib import Path
 

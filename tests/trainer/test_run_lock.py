@@ -1,6 +1,6 @@
 """One run per output folder (trainer/run_lock.py): a second run is refused naming the
 holder, a killed run's record is taken over saying so, a clean exit leaves no record.
-tests/test_train.py runs two train.py processes in one folder."""
+tests/train/test_train.py runs two train.py processes in one folder."""
 import json
 import os
 import socket

@@ -1,5 +1,5 @@
 """Resharding a checkpoint for another number of processes: the parts that need no
-engine (tests/test_train_reshard.py resumes real runs 4 -> 2 and 2 -> 4)."""
+engine (tests/train/test_train_reshard.py resumes real runs 4 -> 2 and 2 -> 4)."""
 import pytest
 
 from minisparse.trainer.universal import refusal, reshard_line, saved_world_size, universal_copy

@@ -1,5 +1,5 @@
 """Library chatter: hidden by default, shown with log.verbose (train.py end to end:
-tests/test_quickstart.py and tests/test_train.py)."""
+tests/test_quickstart.py and tests/train/test_train.py)."""
 import transformers
 
 from minisparse.utils.quiet import hidden_prints, quiet_libraries

@@ -1,6 +1,6 @@
 """train.py's log-prob and update phases, called as the loop calls them, checked by value.
 
-The batch is tests/worked_example.py's: the sampler's log-probs sit below the policy's by
+The batch is tests/helpers/worked_example.py's: the sampler's log-probs sit below the policy's by
 the table's ratios (some truncated, rejected, one sample vetoed), the reference is another
 model, and the policy moves between the two phases as it does after a step, so rollout,
 old, reference and current log-probs all differ. Swapping any two of them, dropping the

@@ -17,7 +17,7 @@ import pytest
 from minisparse.trainer.checkpoint import complete_checkpoints, latest_checkpoint
 from run_helpers import signalled_after_rows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # entropy_coef > 0 gives every step a gradient even when the random tiny model earns no
 # reward, so resume must restore weights and optimizer state to reproduce rollout 3.
 BASE = ["--config", "tiny_rkv", "--set", "loss.entropy_coef=0.01", "--set", "save_interval=2"]
@@ -381,7 +381,7 @@ def test_sigterm_stops_with_the_last_update_saved_and_the_command_resumes(
     """A SIGTERM (a time limit's, a scheduler's) ends the run within seconds with a
     checkpoint of the last completed update, though save_interval would not save until
     rollout 50: the same command then resumes after it instead of starting over. (A stop
-    in each phase: tests/test_train_stop.py.)"""
+    in each phase: tests/train/test_train_stop.py.)"""
     out = tmp_path / "stopped"
     args = ["--set", "num_rollout=50", "--set", "save_interval=50"]
     res = _signalled_after(out, 1, signal.SIGTERM, *args, cache=_minisparse_cache)

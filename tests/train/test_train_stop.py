@@ -8,7 +8,7 @@ from pathlib import Path
 
 from scripts import soak_resume
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # save_interval 5: a stop must save what a periodic save would not have
 SETS = ["num_rollout=5", "save_interval=5", "loss.entropy_coef=0.01", "log.tensorboard=false"]

@@ -1,9 +1,9 @@
 """The trainer trains: train.py's loop, in-process on a tiny character-level model on the
 CPU, learns within four rollouts to write the one token a reward plug-in pays for
-(tests/target_token_reward.py), with a dense and with a compressed (R-KV) KV cache; with
+(tests/helpers/target_token_reward.py), with a dense and with a compressed (R-KV) KV cache; with
 the policy gradient's sign flipped, it does not.
 
-The untrained model writes the target about once in a hundred tokens (tests/char_model.py),
+The untrained model writes the target about once in a hundred tokens (tests/helpers/char_model.py),
 so 96 responses of up to 16 tokens hold a dozen paid tokens from the first rollout on,
 and eight optimizer steps a rollout at a high learning rate make that several a response
 by the fourth. Over seeds 1 to 8 and 42, dense and compressed, the reward went from 0.10 to

@@ -12,7 +12,7 @@ import pytest
 import torch
 from run_helpers import signalled_after_rows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RANK = 8
 # entropy_coef > 0: every step has a gradient though the random tiny model earns no reward
 ARGS = ["--config", "tiny_rkv", "--set", "loss.entropy_coef=0.01", "--set", "num_rollout=4",

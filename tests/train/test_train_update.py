@@ -160,7 +160,7 @@ def test_optimizer_offload_brackets_the_micro_batches_of_each_step(device):
 
 
 def _worked_example(cfg: Config, model: torch.nn.Module) -> RolloutBatch:
-    """tests/worked_example.py's three samples, its ratios anchored on the model's own
+    """tests/helpers/worked_example.py's three samples, its ratios anchored on the model's own
     log-probs: the update sees q against the old policy, s in the weights, k against the
     reference, whatever the model's values."""
     with torch.no_grad():
