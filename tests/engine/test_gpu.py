@@ -8,6 +8,7 @@ greedy token (near-)argmax of the reference distribution.
 """
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -90,19 +91,24 @@ def test_greedy_and_logprobs_match_transformers(gpu_model):
 
 
 def test_sampling_reproduces_and_logprobs_are_those_of_the_truncated_law(gpu_model):
-    engine = make_engine(gpu_model, kv_memory_gb=1.0)
-    ps = vocab_prompts(gpu_model, 3, 5, 60)
+    # In float32: the 3B shape's bf16 logits come in steps of 1/64 around the top-50's
+    # (raw 3-4), so ties of 2-4 tokens sit at the top-k and nucleus cuts, and one step of
+    # difference between two bf16 computations moves them: 5-14% of the kept mass
+    # (0.05-0.14 in log-prob), a difference of the kept set, not of the law.
+    model = copy.deepcopy(gpu_model).float()
+    engine = make_engine(model, kv_memory_gb=1.0)
+    ps = vocab_prompts(model, 3, 5, 60)
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, n=2, max_new_tokens=32,
                             seed=3, ignore_eos=True)
     a, b = engine.generate(ps, params), engine.generate(ps, params)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     for o in a:
-        check_against_forward(gpu_model, ps[o.prompt_index], o, temperature=0.8, top_k=50,
+        check_against_forward(model, ps[o.prompt_index], o, temperature=0.8, top_k=50,
                               top_p=0.9)
     top1 = engine.generate(ps, SamplingParams(temperature=0.8, top_k=1, max_new_tokens=16,
                                               seed=1, ignore_eos=True))
     for p, o in zip(ps, top1):  # the argmax, the one token kept: probability 1
-        rows = dense_logprobs(gpu_model, p, o.token_ids, 0.8, full=True)
+        rows = dense_logprobs(model, p, o.token_ids, 0.8, full=True)
         ids = torch.tensor(o.token_ids, device=rows.device)
         assert (rows.max(-1).values - rows.gather(-1, ids[:, None])[:, 0]).max() < ARGMAX_SLACK
         assert max(abs(lp) for lp in o.logprobs) < 1e-5
