@@ -6,6 +6,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+from run_helpers import free_ports
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "ablation.sh"
 
@@ -100,7 +102,8 @@ def test_runs_score_themselves_and_a_second_command_skips_the_finished(tmp_path,
            "MINISPARSE_CACHE": os.environ["MINISPARSE_CACHE"]}
     args = ["--seeds", "1", "--variants", "dense,rkv_keep_prompt", "--rollouts", "2",
             "--eval-every", "1", "--root", str(tmp_path / "abl"), "--pack",
-            str(tmp_path / "abl.tgz"), "--records", str(tmp_path / "kept")]
+            str(tmp_path / "abl.tgz"), "--records", str(tmp_path / "kept"),
+            "--port", str(free_ports(2))]  # not the default: another run may hold it
     res = subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, capture_output=True,
                          text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -146,6 +149,7 @@ def test_designs_run_at_once_and_report_each_window(tmp_path, tiny_path):
                        "--set compress.divide_length=4\n")
     env = {"BASE": str(tiny_path), "EXTRA": " ".join(f"--set {s}" for s in small),
            "DESIGNS_FILE": str(designs), "ROLLOUTS": "2", "ROOT": str(tmp_path / "d"),
+           "PORT": str(free_ports(2)),
            "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)),
            "MINISPARSE_CACHE": os.environ["MINISPARSE_CACHE"]}
     res = subprocess.run(["bash", str(DESIGNS)], cwd=REPO, capture_output=True, text=True,

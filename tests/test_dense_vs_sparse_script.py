@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from run_helpers import free_ports
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "dense_vs_sparse.sh"
 PAIR_TABLE = [sys.executable, "-m", "scripts.pair_table"]
@@ -16,6 +18,7 @@ def _tiny_env(root: Path) -> dict[str, str]:
     """The script on the tiny model: a compressed and a dense run of seconds each."""
     return {**os.environ, "CONFIG": "tiny_rkv", "MODEL": "tiny", "DATA": "synthetic",
             "LEN": "64", "PROMPTS": "2", "ROLLOUTS": "1", "ROOT": str(root),
+            "PORT": str(free_ports(2)),  # not the default: another pair may hold it
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
 

@@ -1,24 +1,19 @@
 """minisparse.launch: torchrun's launch, a failed run reported as one process reports it."""
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from run_helpers import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def launch(*args: str, cache: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
     return subprocess.run([sys.executable, "-m", "minisparse.launch", "--nproc_per_node", "2",
-                           "--master_port", _free_port(), *args], cwd=REPO,
+                           "--master_port", str(free_ports()), *args], cwd=REPO,
                           env={**env, "MINISPARSE_CACHE": str(cache)}, capture_output=True,
                           text=True, timeout=300, check=False)
 

@@ -8,7 +8,7 @@ How each command is taken, and why:
   the real-model commands skip (CI never has it).
 - The other offline commands run exactly as written.
 - The real-model training commands run as written plus `--set num_rollout=1`: as written
-  they take ~10 minutes each on a CPU, which the figure in README was measured with.
+  they take 10-18 minutes each on a 2-core CPU, which README's figure was measured with.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 from minisparse.config.load import load_config
 from minisparse.trainer.report import random_weights
+from run_helpers import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 LEFT_OUT = ("outputs", "checkpoints", "results", "data", ".git")  # at the top level
@@ -70,14 +70,8 @@ def real_model(command: str) -> bool:
     return any(load_config(n).output_dir in command for n in real)
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def run(command: str, where: Path, cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MINISPARSE_CACHE": str(cache), "MASTER_PORT": _free_port()}
+    env = {**os.environ, "MINISPARSE_CACHE": str(cache), "MASTER_PORT": str(free_ports())}
     words = shlex.split(command)
     if words[0] == "python":
         words[0] = sys.executable

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from minisparse.trainer.train_engine import cpu_adam_missing
+from run_helpers import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_small_gpus.sh"
@@ -25,7 +26,7 @@ def test_tiny_run_prints_the_plan_and_the_table(tmp_path):
         pytest.skip(f"DeepSpeed's CPU Adam op cannot build here: needs {cpu_adam_missing()}")
     env = {**os.environ, "CAP": "1", "CONFIG": "tiny_rkv", "MODEL": "tiny", "DATA": "synthetic",
            "LEN": "64", "PROMPTS": "2", "ROLLOUTS": "1", "RUNS": "sparse", "ROOT": str(tmp_path),
-           "EXTRA": "--set optimizer_offload=cpu_adam",
+           "EXTRA": "--set optimizer_offload=cpu_adam", "PORT": str(free_ports(2)),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=900)

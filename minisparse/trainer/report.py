@@ -242,5 +242,5 @@ def config_menu() -> str:
 def no_config_message() -> str:
     return ("train.py: error: no --config given. Pick a shipped config (--config NAME) or a "
             "YAML file; to start: tiny_rkv (seconds on any CPU, random weights) or "
-            "smollm2_cpu (a real model learning on a CPU, about 10 minutes):\n"
+            "smollm2_cpu (a real model learning on a CPU, 10-18 minutes):\n"
             + config_menu())

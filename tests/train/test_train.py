@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from minisparse.trainer.checkpoint import complete_checkpoints, latest_checkpoint
-from run_helpers import signalled_after_rows
+from run_helpers import free_ports, signalled_after_rows
 
 REPO = Path(__file__).resolve().parents[2]
 # entropy_coef > 0 gives every step a gradient even when the random tiny model earns no
@@ -64,12 +64,6 @@ REQUIRED_KEYS = [
 VOLATILE = ("time/", "mem/", "perf/rollout_tokens_per_s", "perf/rollout_prefill_s",
             "perf/rollout_decode_s", "perf/rollout_compress_s", "perf/logprobs_",
             "perf/update_", "reward/grade_s")
-
-
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -505,7 +499,7 @@ def test_two_ranks_gloo(tmp_path, _minisparse_cache, eval_dir):
         "--nproc_per_node",
         "2",
         "--master_port",
-        _free_port(),
+        str(free_ports()),
         "train.py",
         *BASE,
         "--set",
@@ -566,7 +560,7 @@ def test_a_data_error_is_said_once_under_torchrun(tmp_path, _minisparse_cache):
     data = tmp_path / "d.jsonl"
     data.write_text(UNUSABLE_ROWS)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", _free_port(), "train.py", *BASE, "--set", f"data.path={data}",
+           "--master_port", str(free_ports()), "train.py", *BASE, "--set", f"data.path={data}",
            "--set", "data.strict=true", "--set", f"output_dir={tmp_path / 'out'}"]
     res = subprocess.run(cmd, check=False, cwd=REPO, env=_env(_minisparse_cache),
                          capture_output=True, text=True, timeout=300)

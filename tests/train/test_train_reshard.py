@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from test_train import BASE, REPO, _env, _free_port, _rows
+from run_helpers import free_ports
+from test_train import BASE, REPO, _env, _rows
 
 KEYS = ["num_rollout=3", "save_interval=1", "num_steps_per_rollout=1", "global_batch_size=16"]
 # max |weight difference| to the uninterrupted run after the resumed steps: measured
@@ -31,7 +32,7 @@ def _torchrun(out: Path, nproc: int, stage: int, cache: Path,
               *keys: str) -> subprocess.CompletedProcess:
     """train.py on `nproc` gloo processes (one without torchrun), tiny model, KEYS."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                "--master_port", _free_port()] if nproc > 1 else [sys.executable]
+                "--master_port", str(free_ports())] if nproc > 1 else [sys.executable]
     sets = [*KEYS, f"zero_stage={stage}", f"output_dir={out}", *keys]
     cmd = [*launcher, "train.py", *BASE, *[a for key in sets for a in ("--set", key)]]
     res = subprocess.run(cmd, check=False, cwd=REPO, env=_env(cache), capture_output=True,
