@@ -136,6 +136,13 @@ fi
     echo "ablation.sh: no model at $BASE (python -m minisparse.download --model" \
          "NAME --out checkpoints/, or BASE=DIR)" >&2; exit 2; }
 
+RUNS=$(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$VARIANTS") ))
+if [ $DRY = 0 ]; then  # run i listens on PORT + i: a port taken fails that run with a traceback
+    busy=$(python3 -m scripts.ports $(seq "$PORT" $((PORT + RUNS - 1)))) || {
+        echo "ablation.sh: port $busy is in use, by another run perhaps: --port N sets the" \
+             "first of the $RUNS ports" >&2; exit 2; }
+fi
+
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 if [ $DRY = 0 ] && ! python3 -c "import deepspeed" 2>/dev/null; then
     # the GPU machine: the wheels ../shared/gpu/stage.py staged (deps/pNN), if carried
@@ -150,7 +157,6 @@ if [ -z "${GPU_LIST:-}" ]; then
 fi
 read -r -a GPU_ARRAY <<< "${GPU_LIST//,/ }"
 GPUS=${#GPU_ARRAY[@]}
-RUNS=$(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$VARIANTS") ))
 # the runs' CPU threads share the machine's cores rather than each taking them all
 THREADS=$(( $(nproc) / RUNS ))
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( THREADS > 0 ? THREADS : 1 ))}

@@ -42,6 +42,12 @@ for name in $RUNS; do
     case $name in sparse|dense) ;; *) echo "RUNS: '$name' is not sparse or dense" >&2; exit 2 ;; esac
 done
 case $AT_ONCE in 0|1) ;; *) echo "AT_ONCE: '$AT_ONCE' is not 0 or 1" >&2; exit 2 ;; esac
+for name in $RUNS; do  # a port taken would fail the run with torchrun's traceback in its log
+    port=$PORT; [ "$name" = dense ] && port=$((PORT + 1))
+    python3 -m scripts.ports "$port" > /dev/null || {
+        echo "PORT: $port (the $name run's) is in use, by another pair perhaps: set PORT" >&2
+        exit 2; }
+done
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 STEP_SAMPLES=$(python3 -c "from minisparse.config.load import load_config as l; c = l('$CONFIG')

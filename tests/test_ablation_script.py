@@ -2,7 +2,9 @@
 (--dry-run) and the errors it gives; the runs themselves are train.py's (tests/train/test_train.py)."""
 import json
 import os
+import socket
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -85,6 +87,19 @@ def test_bad_options_exit_2_naming_them(tmp_path):
     assert res.returncode == 2 and "'2k' is not a whole number" in res.stderr
     res = _run("--seed", "1")
     assert res.returncode == 2 and "unknown option --seed" in res.stderr
+
+
+def test_a_port_taken_is_named_before_any_run(tmp_path):
+    with socket.socket() as taken:  # another run listening on the second run's port
+        taken.bind(("", free_ports(1)))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = _run("--seeds", "1", "--variants", "dense rkv", "--port", str(port - 1),
+                   "--root", str(tmp_path / "abl"), BASE=str(tmp_path),
+                   PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    assert res.returncode == 2
+    assert f"ablation.sh: port {port} is in use, by another run perhaps" in res.stderr
+    assert not (tmp_path / "abl").exists()
 
 
 def test_runs_score_themselves_and_a_second_command_skips_the_finished(tmp_path, tiny_path):

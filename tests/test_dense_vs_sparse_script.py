@@ -3,6 +3,7 @@ after the other, their phase tables and the step-time ratio read from both metri
 scripts/pair_table.py, which reads that ratio, over repeated pairs."""
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,16 @@ def test_bad_settings_exit_2_naming_them(tmp_path):
     res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "AT_ONCE: 'yes' is not 0 or 1" in res.stderr
+    with socket.socket() as taken:  # another pair's run listening on the dense run's port
+        taken.bind(("", free_ports(1)))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "RUNS": "dense", "PORT": str(port - 1), "ROOT": str(tmp_path)}
+        res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert res.returncode == 2
+    assert f"PORT: {port} (the dense run's) is in use, by another pair perhaps" in res.stderr
+    assert not (tmp_path / "dense.log").exists()
 
 
 def _write_pair(root: Path, sparse_step: float, dense_step: float, rollout: int = 3) -> None:
