@@ -20,12 +20,13 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from scripts.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = ("SIGSTOP rollout", "SIGKILL update", "SIGSTOP update", "SIGKILL rollout",
@@ -49,12 +50,6 @@ class Setup:
     sets: list[str]
     gpus: bool  # one GPU per node: node r takes the r-th visible one
     cache: Path | None = None  # MINISPARSE_CACHE for the workers
-
-
-def free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def marks_of(out: Path, rank: int) -> Path:
@@ -125,7 +120,7 @@ def lose_a_peer(out: Path, setup: Setup, signal_name: str, phase: str,
                 limit: float) -> Outcome:
     """Node 1's worker sends itself `signal_name` as `phase` of rollout 2 starts; node 0's
     exit, within `limit` seconds of it."""
-    port = free_port()
+    port = str(free_ports())
     first = node(0, port, out, setup)
     second = node(1, port, out, setup, f"{phase} 2", signal_name)
     sent = reached(marks_of(out, 1), f"start {phase} 2", second)
@@ -142,7 +137,7 @@ def lose_a_peer(out: Path, setup: Setup, signal_name: str, phase: str,
 def stop_with_a_dead_peer(out: Path, setup: Setup, limit: float) -> Outcome:
     """Node 1's worker dies as rollout 2 starts; once node 1 is gone, node 0 (torchrun,
     which passes it on) gets SIGTERM."""
-    port = free_port()
+    port = str(free_ports())
     first = node(0, port, out, setup)
     second = node(1, port, out, setup, "rollout 2", "SIGKILL")
     second.wait(timeout=900)
@@ -154,7 +149,7 @@ def stop_with_a_dead_peer(out: Path, setup: Setup, limit: float) -> Outcome:
 
 def resume(out: Path, setup: Setup, limit: float) -> list[int]:
     """The same two commands again (resume=auto); metrics.jsonl's rollouts after."""
-    port = free_port()
+    port = str(free_ports())
     nodes = [node(r, port, out, setup) for r in (0, 1)]
     for proc in nodes:
         ended(proc, limit)

@@ -1,9 +1,11 @@
 """Whether TCP ports are free to listen on, as torchrun's store and train.py's process group
 need them: `python -m scripts.ports 29631 29632` prints the first one taken and exits 1, so
 a script says so before its run fails with a traceback in its log (two pairs or ablations
-on one machine with the same ports)."""
+on one machine with the same ports); and free ones for runs started from Python (the
+tests, peer_loss) so that they never collide on a fixed default."""
 from __future__ import annotations
 
+import random
 import socket
 import sys
 
@@ -18,6 +20,17 @@ def taken(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def free_ports(count: int = 1) -> int:
+    """The first of `count` consecutive TCP ports free on this machine now: a run given
+    one of its own does not collide with another run (or another test suite) on the
+    fixed default its script or torchrun would take."""
+    for _ in range(200):
+        base = random.randint(20000, 60000 - count)
+        if not any(taken(port) for port in range(base, base + count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports found")
 
 
 def main(argv: list[str]) -> int:

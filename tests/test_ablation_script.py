@@ -8,7 +8,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from run_helpers import free_ports
+from scripts.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "ablation.sh"
@@ -91,9 +91,9 @@ def test_bad_options_exit_2_naming_them(tmp_path):
 
 def test_a_port_taken_is_named_before_any_run(tmp_path):
     with socket.socket() as taken:  # another run listening on the second run's port
-        taken.bind(("", free_ports(1)))
+        port = free_ports()
+        taken.bind(("", port))
         taken.listen()
-        port = taken.getsockname()[1]
         res = _run("--seeds", "1", "--variants", "dense rkv", "--port", str(port - 1),
                    "--root", str(tmp_path / "abl"), BASE=str(tmp_path),
                    PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from run_helpers import free_ports
+from scripts.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "dense_vs_sparse.sh"
@@ -81,9 +81,9 @@ def test_bad_settings_exit_2_naming_them(tmp_path):
                          text=True, timeout=60)
     assert res.returncode == 2 and "AT_ONCE: 'yes' is not 0 or 1" in res.stderr
     with socket.socket() as taken:  # another pair's run listening on the dense run's port
-        taken.bind(("", free_ports(1)))
+        port = free_ports()
+        taken.bind(("", port))
         taken.listen()
-        port = taken.getsockname()[1]
         env = {**os.environ, "RUNS": "dense", "PORT": str(port - 1), "ROOT": str(tmp_path)}
         res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
                              text=True, timeout=60)

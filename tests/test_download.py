@@ -13,6 +13,7 @@ from minisparse import download
 from minisparse.config.schema import DataConfig
 from minisparse.data.datasets import load_prompts
 from minisparse.models.tiny import build_tokenizer
+from scripts.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [
@@ -203,12 +204,6 @@ def test_no_hub_names_the_way_round(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "aime_2024.jsonl").exists()
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 ELSEWHERE = ("fetch the file elsewhere (hf download --repo-type dataset zhuzilin/aime-2024 "
              "--local-dir DIR) and pass --source DIR\n")
 
@@ -225,7 +220,7 @@ def test_an_unreachable_hub_is_one_line_at_once(tmp_path, monkeypatch, capsys):
     for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HF_HUB_OFFLINE",
                  "HF_DATASETS_OFFLINE"):  # (the latter set by this file's fixture)
         monkeypatch.delenv(name, raising=False)
-    port = _closed_port()
+    port = free_ports()  # nothing listens there
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     assert download.main(["--dataset", "aime_2024", "--out", str(tmp_path)]) == 1
     assert capsys.readouterr().err == (f"download error: the Hugging Face hub is out of reach "

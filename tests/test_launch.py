@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from run_helpers import free_ports
+from scripts.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -24,7 +24,7 @@ import pytest
 
 from minisparse.config.load import load_config
 from minisparse.trainer.report import random_weights
-from run_helpers import free_ports
+from scripts.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 LEFT_OUT = ("outputs", "checkpoints", "results", "data", ".git")  # at the top level

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from minisparse.trainer.train_engine import cpu_adam_missing
-from run_helpers import free_ports
+from scripts.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_small_gpus.sh"

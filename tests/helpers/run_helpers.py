@@ -1,9 +1,7 @@
 """Helpers for tests that run train.py as a user would, in a subprocess."""
 from __future__ import annotations
 
-import random
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
@@ -40,18 +38,3 @@ def signalled_after_rows(cmd: list[str], cwd: Path, env: dict[str, str], rows: i
                            *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
-
-def free_ports(count: int = 1) -> int:
-    """The first of `count` consecutive TCP ports free on this machine now: a run given
-    one of its own does not collide with another run (or another test suite) on the
-    fixed default its script or torchrun would take."""
-    for _ in range(200):
-        base = random.randint(20000, 60000 - count)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {count} consecutive free ports found")

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from minisparse.trainer.checkpoint import complete_checkpoints, latest_checkpoint
-from run_helpers import free_ports, signalled_after_rows
+from run_helpers import signalled_after_rows
+from scripts.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 # entropy_coef > 0 gives every step a gradient even when the random tiny model earns no

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from run_helpers import free_ports
+from scripts.ports import free_ports
 from test_train import BASE, REPO, _env, _rows
 
 KEYS = ["num_rollout=3", "save_interval=1", "num_steps_per_rollout=1", "global_batch_size=16"]

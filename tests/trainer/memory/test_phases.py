@@ -7,6 +7,7 @@ import torch
 
 from minisparse.config.schema import Config
 from minisparse.trainer.memory.phases import rollout_memory, train_memory
+from scripts.ports import free_ports
 
 
 def test_a_kept_state_moves_nothing_but_the_pool():
@@ -29,17 +30,13 @@ def test_a_kept_state_moves_nothing_but_the_pool():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="offload moves GPU state")
 @pytest.mark.parametrize("stage", [1, 2])
 def test_state_offload_roundtrip_on_gpu(stage):
-    import socket
-
     from policy_models import tiny_qwen2
 
     from minisparse.utils.distributed import init_distributed
     from minisparse.trainer.memory.phases import TrainingStateOffload
     from minisparse.trainer.train_engine import build_train_engine
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ.setdefault("MASTER_PORT", str(s.getsockname()[1]))
+    os.environ.setdefault("MASTER_PORT", str(free_ports()))
     device = init_distributed()
     cfg = Config(zero_stage=stage)
     model = tiny_qwen2(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1).to(device)
