@@ -157,8 +157,8 @@ def profile_compaction(engine: LLMEngine, batch: int, fused: bool) -> dict:
     fused False: scored by the rule's score_batch (see compaction.compact); True: as the
     engine scores it (the rule's way where the fused kernel does not serve that size)."""
     cfg = engine.compress
-    fused = fused and fused_scorer(engine.pool, engine.rule, batch) is not None
     length = cfg.budget + cfg.divide_length
+    fused = fused and fused_scorer(engine.pool, engine.rule, batch, length) is not None
     fill_caches(engine, batch, length)
     rows, lens = list(range(batch)), [length] * batch
 
@@ -177,7 +177,7 @@ def compaction_modes(engine: LLMEngine, scoring: str) -> list[bool]:
     rule's path where no fused kernel serves the rule."""
     if engine.rule is None:
         return []
-    if fused_scorer(engine.pool, engine.rule, 1) is None:
+    if fused_scorer(engine.pool, engine.rule, 1, 1) is None:
         return [False]
     return {"fused": [True], "rule": [False], "both": [True, False]}[scoring]
 

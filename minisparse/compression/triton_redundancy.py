@@ -51,7 +51,7 @@ def round_as(x, DTYPE: tl.constexpr, HW: tl.constexpr):
         return x.to(DTYPE).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["LMAX"], do_not_specialize_on_alignment=["LENS"])
 def _norms_sums_kernel(K, LENS, DEN, SUMS, UNIT, eps, stride_kb, stride_kh, stride_kl, H, LMAX,
                        D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_L: tl.constexpr,
                        HW: tl.constexpr):
@@ -114,7 +114,7 @@ def newest_above(s, cols, col_ok, threshold, best, best_val):
     return best, best_val
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["LMAX"], do_not_specialize_on_alignment=["LENS"])
 def _last_above_kernel(UNIT, LENS, LAST, DROP, threshold, H, LMAX, D: tl.constexpr,
                        D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        IEEE: tl.constexpr, HW: tl.constexpr):

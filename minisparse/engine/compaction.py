@@ -28,11 +28,14 @@ from minisparse.utils.transfer import to_device
 _SCRATCH_BYTES = 1 << 30  # cap on the gathered keys (or scores) per group of sequences
 # score_batch methods triton_scores computes, and whether with R-KV's redundancy
 _FUSED = {SnapKV.score_batch: False, RKV.score_batch: True}
-# the most sequences an event may hold for the kernel to serve it: R-KV's redundancy (a
-# 224 x 224 similarity per head in one program) made the fused event faster at 16
-# sequences (0.70 against 1.75 ms on an H200, the 1.5B at 224 entries) but slower at 64
-# (2.13 against 1.95) and 256 (8.20 against 5.91); SnapKV's was faster at every size
-_FUSED_MAX_SEQUENCES = {RKV.score_batch: 48}
+# the most sequences x entries^1.5 an event may hold for the kernel to serve R-KV's: its
+# redundancy (an entries x entries similarity per head, in one program) grows faster with
+# the cache than the rule's path (~40 launches, batched GEMMs). One event on an H200, the
+# 1.5B, fused against the rule's path, ms: at 640 entries 1.27 / 1.84 (8 sequences),
+# 2.33 / 1.85 (16), 5.95 / 3.23 (47); at 320 entries 1.72 / 3.19 (32), 2.22 / 2.40 (48);
+# at 224 entries 0.70 / 1.75 (16), 2.13 / 1.95 (64): this cap parts every pair. SnapKV's
+# was faster at every size.
+_FUSED_MAX_WORK = {RKV.score_batch: 200_000}
 
 
 @torch.no_grad()
@@ -46,7 +49,7 @@ def compact(pool: KVPool, rule, rows: list[int], cache_lens: list[int],
     even where the fused scoring kernel serves the rule (to measure one against the
     other)."""
     k = pool.k
-    scorer = fused_scorer(pool, rule, len(rows)) if fused else None
+    scorer = fused_scorer(pool, rule, len(rows), max(cache_lens)) if fused else None
     # per sequence: its gathered keys, or with the fused kernel (which gathers nothing)
     # its float32 scores, their scratch and the selection's masked copy
     width = 16 if scorer else k.shape[3] * k.element_size()
@@ -59,15 +62,15 @@ def compact(pool: KVPool, rule, rows: list[int], cache_lens: list[int],
                        lmax=max(cache_lens[i:i + group]), scorer=scorer)
 
 
-def fused_scorer(pool: KVPool, rule, sequences: int):
+def fused_scorer(pool: KVPool, rule, sequences: int, entries: int):
     """triton_scores when it computes this rule's scores on this pool (CUDA, a shipped
-    SnapKV or R-KV scoring, half or float32 keys) faster than the rule for an event of
-    this many sequences, else None."""
+    SnapKV or R-KV scoring, half or float32 keys) faster than the rule, for an event of
+    this many sequences of up to `entries` cache entries; else None."""
     method = type(rule).score_batch
     if method not in _FUSED or pool.k.dtype not in (
             torch.float16, torch.bfloat16, torch.float32):
         return None
-    if sequences > _FUSED_MAX_SEQUENCES.get(method, sequences):
+    if sequences * entries ** 1.5 > _FUSED_MAX_WORK.get(method, float("inf")):
         return None
     return triton_module("minisparse.engine.triton_scores", pool.k)
 

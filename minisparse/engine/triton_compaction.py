@@ -25,7 +25,7 @@ import triton.language as tl
 _BLOCK = 32  # cache entries per program step
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["LMAX"], do_not_specialize_on_alignment=["ROWS", "LENS"])
 def _gather_keys_kernel(K, PT, ROWS, LENS, OUT, stride_layer, stride_pt, LMAX, PS,
                         H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
     i, layer, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -57,7 +57,7 @@ def gather_keys(k: torch.Tensor, page_table: torch.Tensor, page_size: int, rows:
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["ROWS", "FIRST"])
 def _compact_kernel(K, V, PT, ROWS, KEEP, FIRST, stride_layer, stride_pt, BUDGET, PS,
                     H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
     i, layer, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)

@@ -236,7 +236,7 @@ def _mix(OUT, ATTN, COL, length, older, LMAX, mix, m_red, s_red, KS: tl.constexp
         tl.store(OUT + pos, score, mask=pos < LMAX)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["LMAX"], do_not_specialize_on_alignment=["ROWS", "LENS", "FIRST"])
 def _scores_kernel(K, QR, PT, ROWS, LENS, FIRST, OUT, SCR, KEEP, stride_kl, stride_ql,
                    stride_pt, LMAX, PS, eps, sqrt_d, threshold, mix, TOP,
                    SELECT: tl.constexpr, LAYERS: tl.constexpr, H: tl.constexpr,

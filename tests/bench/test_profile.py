@@ -41,7 +41,7 @@ def test_compaction_is_scored_each_way_asked_where_the_fused_kernel_serves(monke
     assert profile.compaction_modes(SimpleNamespace(rule=None, pool=pool), "both") == []
     engine = SimpleNamespace(rule=rkv, pool=pool)
     assert profile.compaction_modes(engine, "both") == [False]  # CPU: the rule's path only
-    monkeypatch.setattr(profile, "fused_scorer", lambda pool, rule, sequences: object())
+    monkeypatch.setattr(profile, "fused_scorer", lambda pool, rule, sequences, entries: object())
     assert profile.compaction_modes(engine, "both") == [True, False]
     assert profile.compaction_modes(engine, "fused") == [True]
     assert profile.compaction_modes(engine, "rule") == [False]

@@ -94,7 +94,7 @@ def check_compaction(ts, monkeypatch, algorithm: str, settings: dict, selection:
     ran = []
     scorer = SimpleNamespace(**{name: lambda *a, name=name: ran.append(name)
                                 or getattr(ts, name)(*a) for name in ("scores", "keep")})
-    monkeypatch.setattr(compaction, "fused_scorer", lambda pool, rule, sequences: scorer)
+    monkeypatch.setattr(compaction, "fused_scorer", lambda pool, rule, sequences, entries: scorer)
     compaction.compact(got, rule, *args)
     # per head the kernel selects too; per layer the rule sums its scores over the heads
     assert ran == ["keep" if selection == "per_head" else "scores"]
@@ -156,15 +156,20 @@ def test_fused_scorer_serves_only_the_shipped_rules():
     assert compaction._FUSED[type(_rule("rkv")).score_batch] is True
     assert type(_rule("knorm")).score_batch not in compaction._FUSED
     assert Mine.score_batch not in compaction._FUSED
-    assert compaction.fused_scorer(pool, _rule("rkv"), 1) is None  # CPU: the rule's path
+    assert compaction.fused_scorer(pool, _rule("rkv"), 1, 1) is None  # CPU: the rule's path
 
 
 def test_fused_rkv_serves_only_events_where_it_measured_faster(monkeypatch):
-    """R-KV's fused scoring only up to 48 sequences an event (slower above, on an H200);
+    """R-KV's fused scoring only for events of up to 200k sequences x entries^1.5 (its
+    redundancy grows faster with the cache than the rule's path; slower above on an
+    H200): 8 sequences at 640 entries, 32 at 320, 48 at 224, not 16, 48 or 64 there;
     SnapKV's at any size."""
     kernel = object()
     monkeypatch.setattr(compaction, "triton_module", lambda name, like: kernel)
     pool = SimpleNamespace(k=torch.zeros(1, 1, 1, 16))
-    assert compaction.fused_scorer(pool, _rule("rkv"), 48) is kernel
-    assert compaction.fused_scorer(pool, _rule("rkv"), 49) is None
-    assert compaction.fused_scorer(pool, _rule("snapkv"), 4096) is kernel
+    rkv = _rule("rkv")
+    for sequences, entries in [(8, 640), (32, 320), (48, 224)]:
+        assert compaction.fused_scorer(pool, rkv, sequences, entries) is kernel
+    for sequences, entries in [(16, 640), (48, 320), (64, 224)]:
+        assert compaction.fused_scorer(pool, rkv, sequences, entries) is None
+    assert compaction.fused_scorer(pool, _rule("snapkv"), 4096, 4096) is kernel
