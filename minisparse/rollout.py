@@ -55,9 +55,10 @@ def generate_metrics(stats: list) -> dict[str, float]:
     sampling): tokens and preemptions summed, throughput over their summed time; the
     device time of prefill, decode and compaction summed, so a compressed run's records
     say what its compression costs (the rest of the rollout's wall time waited on the
-    host); the pages held at once, which prompt sharing lowers where token counts do
-    not see it; and whether the fast path ran (the share of decode steps replayed from
-    CUDA graphs, 1.0 when every call's forward took the fused kernels)."""
+    host), and the compaction events (batched calls), so a cost per event can be set
+    beside the profile's; the pages held at once, which prompt sharing lowers where token
+    counts do not see it; and whether the fast path ran (the share of decode steps
+    replayed from CUDA graphs, 1.0 when every call's forward took the fused kernels)."""
     tokens = sum(s.generated_tokens for s in stats)
     wall = sum(s.wall_s for s in stats)
     decode_steps = sum(s.decode_steps for s in stats)
@@ -71,6 +72,7 @@ def generate_metrics(stats: list) -> dict[str, float]:
         "perf/rollout_prefill_s": sum(s.prefill_s for s in stats),
         "perf/rollout_decode_s": sum(s.decode_s for s in stats),
         "perf/rollout_compress_s": sum(s.compress_s for s in stats),
+        "perf/compress_events": float(sum(s.compress_events for s in stats)),
         "perf/decode_graph_share": graph_steps / decode_steps if decode_steps else 0.0,
         "perf/fused_kernels": float(all(s.fused_kernels for s in stats)),
     }
