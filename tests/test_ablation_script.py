@@ -2,12 +2,12 @@
 (--dry-run) and the errors it gives; the runs themselves are train.py's (tests/train/test_train.py)."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
+from run_helpers import port_in_use
 from scripts.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,10 +90,7 @@ def test_bad_options_exit_2_naming_them(tmp_path):
 
 
 def test_a_port_taken_is_named_before_any_run(tmp_path):
-    with socket.socket() as taken:  # another run listening on the second run's port
-        port = free_ports()
-        taken.bind(("", port))
-        taken.listen()
+    with port_in_use() as port:  # another run listening on the second run's port
         res = _run("--seeds", "1", "--variants", "dense rkv", "--port", str(port - 1),
                    "--root", str(tmp_path / "abl"), BASE=str(tmp_path),
                    PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin")

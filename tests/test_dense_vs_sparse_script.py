@@ -3,11 +3,11 @@ after the other, their phase tables and the step-time ratio read from both metri
 scripts/pair_table.py, which reads that ratio, over repeated pairs."""
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from run_helpers import port_in_use
 from scripts.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,10 +80,7 @@ def test_bad_settings_exit_2_naming_them(tmp_path):
     res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "AT_ONCE: 'yes' is not 0 or 1" in res.stderr
-    with socket.socket() as taken:  # another pair's run listening on the dense run's port
-        port = free_ports()
-        taken.bind(("", port))
-        taken.listen()
+    with port_in_use() as port:  # another pair's run listening on the dense run's port
         env = {**os.environ, "RUNS": "dense", "PORT": str(port - 1), "ROOT": str(tmp_path)}
         res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
                              text=True, timeout=60)

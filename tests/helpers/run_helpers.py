@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from scripts.ports import free_ports
 
 # train.py as __main__, its metrics logger sending the process SIGNUM (once) as
 # metrics.jsonl reaches ROWS rows: right after that row is written, however busy the
@@ -38,3 +43,12 @@ def signalled_after_rows(cmd: list[str], cwd: Path, env: dict[str, str], rows: i
                            *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
+
+@contextmanager
+def port_in_use() -> Iterator[int]:
+    """A free port, listened on for the block (another run holding it)."""
+    with socket.socket() as taken:
+        port = free_ports()
+        taken.bind(("", port))
+        taken.listen()
+        yield port
