@@ -162,7 +162,7 @@ def test_fused_scorer_serves_only_the_shipped_rules():
 def test_fused_rkv_serves_only_events_where_it_measured_faster(monkeypatch):
     """R-KV's fused scoring only for events of up to 200k sequences x entries^1.5 (its
     redundancy grows faster with the cache than the rule's path; slower above on an
-    H200): 8 sequences at 640 entries, 32 at 320, 48 at 224, not 16, 48 or 64 there;
+    H200): 8 sequences at 640 entries, 32 at 320 and 48 at 224, not 16, 48 and 64;
     SnapKV's at any size."""
     kernel = object()
     monkeypatch.setattr(compaction, "triton_module", lambda name, like: kernel)
