@@ -62,6 +62,21 @@ def compact(pool: KVPool, rule, rows: list[int], cache_lens: list[int],
                        lmax=max(cache_lens[i:i + group]), scorer=scorer)
 
 
+def warm_up(pool: KVPool, rule) -> None:
+    """Run one event through each scoring path (the fused kernel where it serves the
+    rule, and the rule's own) on the pool's scratch row, whose every entry maps to the
+    scratch page: Triton builds every compaction kernel now, not in a rollout. Why: an
+    event of a few sequences takes the fused path, which the first rollout's large events
+    never reach, so its build (2-3 s on an H200) landed in whichever later rollout first
+    held a small event. Nothing but the scratch page is read or written."""
+    entries = rule.budget + 1  # the shortest cache an event compacts
+    if entries > pool.pages_per_seq * pool.page_size:
+        return
+    row = pool.scratch_row
+    for fused in (True, False):
+        compact(pool, rule, [row], [entries], [entries], fused=fused)
+
+
 def fused_scorer(pool: KVPool, rule, sequences: int, entries: int):
     """triton_scores when it computes this rule's scores on this pool (CUDA, a shipped
     SnapKV or R-KV scoring, half or float32 keys) faster than the rule, for an event of

@@ -18,7 +18,7 @@ from minisparse.compression import (build_rule, compress_due, evictable_len, max
                                    newline_token_ids)
 from minisparse.engine.page_allocator import PageAllocator
 from minisparse.engine.progress import GenerateProgress
-from minisparse.engine.compaction import compact
+from minisparse.engine.compaction import compact, warm_up
 from minisparse.config.schema import CompressConfig, EngineConfig
 from minisparse.engine.config import SamplingParams
 from minisparse.engine.kv_pool import KVPool
@@ -68,6 +68,8 @@ class LLMEngine:
         self.pool.allocate()
         bound = max_cache_tokens(self.compress) if self.rule is not None else None
         self.runner = ModelRunner(self.lm, self.pool, cfg.cuda_graphs, bound)
+        if self.rule is not None and self.device.type == "cuda":
+            warm_up(self.pool, self.rule)  # compaction's kernels built before any rollout
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.newline_ids: set[int] = set()
         if self.rule is not None and self.compress.divide_method == "newline":

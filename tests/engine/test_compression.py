@@ -273,3 +273,22 @@ def test_dense_context_generates_as_a_dense_engine(qwen2):
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain.generate(ps, params)]
     assert all(o.num_compressions == 0 for o in outs)
     assert all(o.num_compressions > 0 for o in engine.generate(ps, params))
+
+
+@pytest.mark.parametrize("cfg", [CFG, KEEP_PROMPT], ids=["rkv", "keep_prompt"])
+def test_warm_up_touches_only_the_scratch_page(qwen2, cfg):
+    """The start-up event that builds compaction's kernels runs on the scratch row: every
+    real page keeps its K/V, and the scratch page is where it wrote."""
+    from minisparse.engine.compaction import warm_up
+
+    engine = make_engine(qwen2, cfg, page_size=4)
+    pool = engine.pool
+    torch.manual_seed(0)
+    pool.k.normal_()
+    pool.v.normal_()
+    k, v = pool.k.clone(), pool.v.clone()
+    warm_up(pool, engine.rule)
+    real = pool.num_pages * pool.page_size  # slots past it: the scratch page
+    assert torch.equal(pool.k[:, :real], k[:, :real])
+    assert torch.equal(pool.v[:, :real], v[:, :real])
+    assert not torch.equal(pool.k[:, real:], k[:, real:])
