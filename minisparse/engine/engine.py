@@ -77,6 +77,7 @@ class LLMEngine:
         self.last_stats = GenerateStats()
         self.allocator: PageAllocator | None = None  # the last generate() call's
         self.timer = PhaseTimer(self.device)
+        self.held: list[Sequence] = []
 
     # ---- phase control ------------------------------------------------------------------
 
@@ -134,6 +135,7 @@ class LLMEngine:
                 sched.add(seq)
         stats = GenerateStats()
         self.timer = PhaseTimer(self.device)
+        self.held = []  # long prompts kept whole for their siblings to copy (_compress)
         start = time.perf_counter()
         shown = GenerateProgress(len(seqs)) if progress else None
         while not sched.done:
@@ -197,7 +199,7 @@ class LLMEngine:
         sched.advance(chunks)
         stats.prefill_tokens += sum(n for _, n in chunks)
         stats.steps += 1
-        compacted = self._compress(seqs, tokens, stats, step=0)
+        compacted = self._compress(seqs, tokens, stats, step=0, sched=sched)
         sched.postprocess(seqs, tokens, logprobs, [s.cache_len for s in seqs], compacted)
 
     def _decode(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> None:
@@ -207,6 +209,10 @@ class LLMEngine:
         for as long as _launch_next finds the next step predictable. A sequence that stops
         at step N has one wasted row in N + 1, whose token is dropped. Compression falls
         due only after the last step (_launch_next stops before one that would)."""
+        held, self.held = [s for s in self.held if s.finish_reason is None], []
+        if held:  # no sibling is admitted now: compacted before any decode step
+            self._compact(held, stats)
+            sched.compacted(held)
         seqs = sched.schedule_decode()
         if not seqs:
             return
@@ -254,24 +260,35 @@ class LLMEngine:
         return self._launch(sched, seqs, params, inputs)
 
     def _compress(self, seqs: list[Sequence], tokens: list[int], stats: GenerateStats,
-                  step: int) -> list[Sequence]:
+                  step: int, sched: Scheduler | None = None) -> list[Sequence]:
         """Compact, in one batched call, the caches of the sequences of `seqs` that go on
         after sampling `tokens` and that the trigger marks due; returns them (the scheduler's
-        postprocess takes back their pages past the budget)."""
+        postprocess takes back their pages past the budget). After a prefill (sched given),
+        a prompt longer than the budget whose siblings wait to copy it is held whole
+        (self.held) and compacted with a later prefill's due caches, or before the next
+        decode step: the samples of a long prompt then prefill it once, not once each."""
         if self.rule is None:
             return []
         going = [(s, t) for s, t in zip(seqs, tokens)
                  if s.finish_reason is None and s.stop_reason(t) is None]
         due = self._due([s for s, _ in going], [t in self.newline_ids for _, t in going], step)
+        if sched is not None:
+            due += [s for s in self.held if s.finish_reason is None]
+            self.held = [s for s in due if sched.prompt_wanted(s)]
+            due = [s for s in due if not any(s is h for h in self.held)]
         if due:
-            protected = None
-            if self.compress.keep_prompt:
-                protected = [s.num_prompt for s in due]
-            with self.timer.region("compress"):
-                compact(self.pool, self.rule, [s.slot for s in due],
-                        [s.cache_len for s in due], [s.num_computed for s in due], protected)
-            stats.compress_events += 1
+            self._compact(due, stats)
         return due
+
+    def _compact(self, seqs: list[Sequence], stats: GenerateStats) -> None:
+        """One compaction event over seqs' caches."""
+        protected = None
+        if self.compress.keep_prompt:
+            protected = [s.num_prompt for s in seqs]
+        with self.timer.region("compress"):
+            compact(self.pool, self.rule, [s.slot for s in seqs], [s.cache_len for s in seqs],
+                    [s.num_computed for s in seqs], protected)
+        stats.compress_events += 1
 
     def _due(self, seqs: list[Sequence], newline: list[bool] | None,
              step: int) -> list[Sequence]:

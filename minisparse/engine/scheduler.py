@@ -14,7 +14,9 @@ prompt tokens, whose queries the compression ring needs). "pages": it holds the 
 (dense caches never rewrite a full prompt page, so nothing is copied and the memory is paid
 once); "copy": it gets its own copy of them (compaction rewrites pages in place, so a
 compressed cache cannot share), which saves the prefill's compute but not its memory. A
-sample whose sibling is being prefilled in the same step waits one step for it.
+sample whose sibling is being prefilled in the same step waits one step for it; a prompt
+longer than the compression budget, compacted right after its prefill, stays whole until
+the waiting siblings have copied it (`prompt_wanted`; the engine compacts it then).
 
 With compression (`cache_bound`: the most entries a cache of a given prompt length can
 hold before the next compaction frees pages), a sequence is admitted only when the pool
@@ -159,6 +161,15 @@ class Scheduler:
             self.dirty.append(seq)
         seq.num_computed = seq.cache_len = tokens
         return source
+
+    def prompt_wanted(self, seq: Sequence) -> bool:
+        """Whether a waiting sibling of seq could still start from seq's cached prompt
+        ("copy" sharing): the engine then holds off the compaction due right after seq's
+        prefill (a prompt longer than the budget) until the siblings have copied it."""
+        if self.share != "copy":
+            return False
+        return any(s is not seq and s.status is Status.WAITING and self._shareable(s)
+                   for s in self.siblings[seq.prompt_index])
 
     def _give_back_prompt(self, seq: Sequence, source: list[int] | None) -> None:
         """Undo _take_prompt for a sequence that is not scheduled after all."""

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine_helpers import make_engine, prompts
+from minisparse.compression import max_cache_tokens
 from minisparse.config.schema import CompressConfig
 from minisparse.engine import SamplingParams
 from test_preemption import small_engine
@@ -55,6 +56,42 @@ def test_shared_prompts_give_the_samples_of_a_full_prefill(model, mode):
         assert on.peak_pages_used == off.peak_pages_used  # each sample holds its own copy
     if mode != "dense":
         assert on.compressions == off.compressions > 0
+
+
+@pytest.mark.parametrize("mode", ["rkv", "snapkv"])
+def test_a_prompt_longer_than_the_budget_is_prefilled_once(qwen2, mode):
+    """A prompt past the budget (24) is compacted right after its prefill, so no sibling
+    could copy it: each sample prefilled it whole, one step each. It now stays whole until
+    the waiting siblings copied it, and the samples are those of full prefills."""
+    cfg = COMPRESS[mode]
+    ps = prompts(3, lo=30, hi=40, seed=7)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=20, seed=3, ignore_eos=True)
+    off, ref = _generate(qwen2, cfg, False, ps, params)
+    on, outs = _generate(qwen2, cfg, True, ps, params)
+    _same(outs, ref)
+    assert on.compressions == off.compressions and all(o.num_compressions for o in outs)
+    # every later sample takes the pages up to the last window tokens
+    shared = sum(3 * ((len(p) - cfg.window) // 4 * 4) for p in ps)
+    assert on.shared_prompt_tokens == shared
+    assert on.prefill_tokens + shared == off.prefill_tokens
+
+
+def test_held_prompts_are_compacted_before_any_decode_step(qwen2):
+    """With 2 slots the siblings of a held prompt cannot all be admitted: the held caches
+    are compacted before the first decode step, so no decode step sees a cache past its
+    bound, and the later samples prefill their prompts whole."""
+    cfg = COMPRESS["rkv"]
+    engine = make_engine(qwen2, cfg, page_size=4, max_num_seqs=2)
+    bound, real = max_cache_tokens(cfg), engine.runner.launch
+
+    def launch(seqs, sp, inputs):
+        assert all(s.cache_len < bound for s in seqs)
+        return real(seqs, sp, inputs)
+    engine.runner.launch = launch
+    ps = prompts(3, lo=30, hi=40, seed=7)
+    outs = engine.generate(ps, SamplingParams(n=4, max_new_tokens=20, seed=3, ignore_eos=True))
+    assert all(len(o.token_ids) == 20 and o.num_compressions for o in outs)
+    assert not engine.held and engine.allocator.num_free == engine.allocator.num_pages
 
 
 def test_a_compression_right_after_the_prefill_scores_the_samples_own_queries(qwen2):
