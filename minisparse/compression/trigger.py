@@ -13,8 +13,9 @@ divide_method "step_length": due when cache_len > budget and either step is a mu
   rather than a few sequences at nearly every step (each event's launches cost the same
   for 3 sequences as for 30). A sequence compressed at a multiple of divide_length
   reaches the cap exactly at the next one, so the cache never exceeds budget +
-  divide_length after a check; a prompt longer than the budget is compressed right
-  after its prefill.
+  divide_length after a check; a prompt longer than the budget is compressed after its
+  prefill, before its first decode step (the engine holds it whole while its samples
+  copy it).
 divide_method "newline": due when cache_len > budget and the token just generated
   decodes to text containing a newline, or when cache_len >= budget + max_buffer (the
   hard cap; max_buffer None means 4 * divide_length).
