@@ -74,3 +74,43 @@ def test_fused_scores_compaction(monkeypatch, algorithm):
     cpu_ts.check_keep(triton_scores, algorithm, {}, 12, 2, 128, torch.float32, "cuda")
     cpu_ts.check_compaction(triton_scores, monkeypatch, algorithm, {}, "per_head",
                             torch.float32, "cuda", 12, 2, 128)
+
+
+def test_compaction_kernels_are_built_when_the_engine_starts(monkeypatch):
+    """A compressed engine builds every compaction kernel it will launch when it starts:
+    a rollout whose events take both scoring paths (the fused kernel for events of up to
+    two sequences here, the rule's for larger ones) builds none."""
+    import importlib
+
+    from triton.runtime.jit import JITFunction
+
+    from engine_helpers import build, make_engine, prompts
+    from minisparse.compression.rules.rkv import RKV
+    from minisparse.config.schema import CompressConfig
+    from minisparse.engine import SamplingParams, compaction
+
+    kernels = [k for name in ("minisparse.engine.triton_compaction",
+                              "minisparse.engine.triton_scores",
+                              "minisparse.compression.triton_redundancy")
+               for k in vars(importlib.import_module(name)).values()
+               if isinstance(k, JITFunction) and k.fn.__name__.endswith("_kernel")]
+    device = torch.cuda.current_device()
+
+    def builds() -> int:
+        return sum(len(k.device_caches[device][0]) for k in kernels)
+
+    cfg = CompressConfig(algorithm="rkv", budget=24, window=4, divide_length=8)
+    model = build("qwen2", dtype=torch.bfloat16, device="cuda")
+    engine = make_engine(model, cfg, page_size=16, kv_memory_gb=0.5)
+    built = builds()
+    assert built >= 5
+    monkeypatch.setitem(compaction._FUSED_MAX_WORK, RKV.score_batch, 2 * 32 ** 1.5)
+    paths = []
+    for name in ("_fused_select", "_select"):
+        real = getattr(compaction, name)
+        monkeypatch.setattr(compaction, name,
+                            lambda *a, _real=real, _name=name: paths.append(_name) or _real(*a))
+    engine.generate(prompts(6, lo=5, hi=40), SamplingParams(n=2, max_new_tokens=64, seed=1,
+                                                            ignore_eos=True))
+    assert set(paths) == {"_fused_select", "_select"}
+    assert builds() == built
