@@ -73,7 +73,8 @@ def warm_up(pool: KVPool, rule) -> None:
     if entries > pool.pages_per_seq * pool.page_size:
         return
     row = pool.scratch_row
-    for fused in (True, False):
+    paths = [False] + ([True] if fused_scorer(pool, rule, 1, entries) else [])
+    for fused in paths:  # the rule's own, then the fused kernel where it serves the rule
         compact(pool, rule, [row], [entries], [entries], fused=fused)
 
 

@@ -274,8 +274,9 @@ class LLMEngine:
         due = self._due([s for s, _ in going], [t in self.newline_ids for _, t in going], step)
         if sched is not None:
             due += [s for s in self.held if s.finish_reason is None]
-            self.held = [s for s in due if sched.prompt_wanted(s)]
-            due = [s for s in due if not any(s is h for h in self.held)]
+            wanted = [sched.prompt_wanted(s) for s in due]
+            self.held = [s for s, w in zip(due, wanted) if w]
+            due = [s for s, w in zip(due, wanted) if not w]
         if due:
             self._compact(due, stats)
         return due
