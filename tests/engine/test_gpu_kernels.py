@@ -78,8 +78,8 @@ def test_fused_scores_compaction(monkeypatch, algorithm):
 
 def test_compaction_kernels_are_built_when_the_engine_starts(monkeypatch):
     """A compressed engine builds every compaction kernel it will launch when it starts:
-    a rollout whose events take both scoring paths (the fused kernel for events of up to
-    two sequences here, the rule's for larger ones) builds none."""
+    rollouts whose events all take the fused scoring kernel, then all the rule's path,
+    at every event size and cache length they meet, build none."""
     import importlib
 
     from triton.runtime.jit import JITFunction
@@ -104,13 +104,15 @@ def test_compaction_kernels_are_built_when_the_engine_starts(monkeypatch):
     engine = make_engine(model, cfg, page_size=16, kv_memory_gb=0.5)
     built = builds()
     assert built >= 5
-    monkeypatch.setitem(compaction._FUSED_MAX_WORK, RKV.score_batch, 2 * 32 ** 1.5)
     paths = []
     for name in ("_fused_select", "_select"):
         real = getattr(compaction, name)
         monkeypatch.setattr(compaction, name,
                             lambda *a, _real=real, _name=name: paths.append(_name) or _real(*a))
-    engine.generate(prompts(6, lo=5, hi=40), SamplingParams(n=2, max_new_tokens=64, seed=1,
-                                                            ignore_eos=True))
-    assert set(paths) == {"_fused_select", "_select"}
-    assert builds() == built
+    for cap, path in ((float("inf"), "_fused_select"), (0, "_select")):
+        monkeypatch.setitem(compaction._FUSED_MAX_WORK, RKV.score_batch, cap)
+        paths.clear()
+        engine.generate(prompts(6, lo=5, hi=40), SamplingParams(
+            n=2, max_new_tokens=64, seed=1, ignore_eos=True))
+        assert set(paths) == {path} and len(paths) >= 5
+        assert builds() == built, path
