@@ -185,10 +185,10 @@ class LLMEngine:
         return "copy" if self.rule is not None and not self.compress.keep_prompt else "pages"
 
     def _step(self, sched: Scheduler, params: SamplingParams, stats: GenerateStats) -> None:
-        """One prefill step when waiting sequences fit (schedule -> run -> postprocess),
-        else a run of decode steps (_decode). The scheduler finishes a sequence that can
-        never fit as "abort" itself."""
-        chunks = sched.schedule_prefill()
+        """One prefill step when an admission is due and waiting sequences fit (schedule
+        -> run -> postprocess), else a run of decode steps (_decode). The scheduler
+        finishes a sequence that can never fit as "abort" itself."""
+        chunks = sched.schedule_prefill() if sched.admission_due() else []
         if not chunks:
             self._decode(sched, params, stats)
             return
@@ -239,13 +239,13 @@ class LLMEngine:
     def _launch_next(self, sched: Scheduler, launch: DecodeLaunch, params: SamplingParams,
                      step: int) -> DecodeLaunch | None:
         """Launch the step after `launch` before its tokens are read, when nothing about it
-        depends on them: no waiting sequence could be admitted now, no compression falls
+        depends on them: no admission is due (Scheduler.admission_due), no compression falls
         due, the pool has every page it needs without preempting. Sequences that will
         finish by length at `launch` are left out; those that stop on a sampled token are
         not known yet and run once more. None when the step cannot be predicted."""
         tokens_decide = (self.rule is not None
                          and self.compress.divide_method != "step_length")
-        if tokens_decide or sched.can_admit():
+        if tokens_decide or sched.admission_due():
             return None
         keep = [i for i, s in enumerate(launch.seqs)
                 if s.finish_reason is None and not s.at_length(1)]

@@ -16,7 +16,14 @@ once); "copy": it gets its own copy of them (compaction rewrites pages in place,
 compressed cache cannot share), which saves the prefill's compute but not its memory. A
 sample whose sibling is being prefilled in the same step waits one step for it; a prompt
 longer than the compression budget, compacted right after its prefill, stays whole until
-the waiting siblings have copied it (`prompt_wanted`; the engine compacts it then).
+the waiting siblings have copied it (`prompt_wanted`; the engine compacts it then). A
+step admits a prompt's first sample only while the free slots also hold its waiting
+siblings, so that they start from its prompt in the next step.
+
+While sequences decode, waiting ones are admitted in batches (`admission_due`): once
+`admit_batch` slots are free (or the whole queue fits), not at every slot a finished
+answer frees. Each prefill step is an eager forward that stops the decode graphs, and real
+answers end one by one (docs/engine.md, "Scheduling and preemption").
 
 With compression (`cache_bound`: the most entries a cache of a given prompt length can
 hold before the next compaction frees pages), a sequence is admitted only when the pool
@@ -40,17 +47,24 @@ from minisparse.engine.sequence import Sequence, Status
 
 
 SHARE_MODES = ("pages", "copy", "none")
+# With sequences running, a prefill step waits for 1/ADMIT_SHARE of the slots to be free:
+# a decode step of 480 sequences costs about what one of 512 does, and a prefill step of
+# a few sequences costs several decode steps.
+ADMIT_SHARE = 16
 
 
 class Scheduler:
     def __init__(self, allocator: PageAllocator, max_num_seqs: int,
                  max_prefill_tokens: int, share: str = "none", window: int = 0,
                  budget: int = 0, keep_prompt: bool = False,
-                 cache_bound: Callable[[int], int] | None = None) -> None:
+                 cache_bound: Callable[[int], int] | None = None,
+                 admit_batch: int | None = None) -> None:
         """window, budget: the compression's query window and the cache entries a
         compacted sequence keeps (0 when dense), past its prompt when keep_prompt.
         cache_bound: prompt length -> the most cache entries such a sequence holds (None:
-        dense, unbounded)."""
+        dense, unbounded). admit_batch: free slots that make a prefill step worth stopping
+        the running sequences' decode for (admission_due; None: max_num_seqs /
+        ADMIT_SHARE)."""
         if share not in SHARE_MODES:
             raise ValueError(f"share must be one of {SHARE_MODES}, got {share!r}")
         self.allocator = allocator
@@ -58,6 +72,7 @@ class Scheduler:
         self.share, self.window, self.budget = share, window, budget
         self.keep_prompt = keep_prompt
         self.cache_bound = cache_bound
+        self.admit_batch = max(1, admit_batch or max_num_seqs // ADMIT_SHARE)
         self.free_slots = list(range(max_num_seqs - 1, -1, -1))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -94,14 +109,20 @@ class Scheduler:
         in_step: set[int] = set()  # prompts being prefilled by this step's chunks
         waiters = False  # samples left waiting for a sibling's prompt (ahead in the queue)
         longest = 0  # the step's longest chunk
+        reserved = 0  # free slots kept for the waiting siblings of this step's prompts
         owed = self._owed(self.running)  # pages running caches may still take (bounded)
         for seq in list(self.waiting):
-            if budget == 0 or (seq.slot < 0 and not self.free_slots):
+            if budget == 0 or (seq.slot < 0 and len(self.free_slots) <= reserved):
                 break
             source = self._take_prompt(seq)
             if source is None and seq.prompt_index in in_step and self._shareable(seq):
                 waiters = True  # its sibling's prompt is in the cache after this step
                 continue
+            if source is None and seq.prompt_index not in in_step and seq.slot < 0:
+                need = self._waiting_siblings(seq)
+                if (chunks or self.running) and len(self.free_slots) <= reserved + need:
+                    break  # its siblings would find no slot beside it
+                reserved += need
             n = min(len(seq) - seq.num_computed, budget)
             behind = waiters and n < len(seq) - seq.num_computed  # a partial one must lead
             if behind or _too_ragged(len(chunks), longest, self.max_prefill_tokens - budget, n):
@@ -132,6 +153,12 @@ class Scheduler:
             budget, longest = budget - n, max(longest, n)
         return chunks
 
+    def _waiting_siblings(self, seq: Sequence) -> int:
+        """Seq's waiting siblings that need a slot and would start from its prompt."""
+        return sum(1 for s in self.siblings[seq.prompt_index]
+                   if s is not seq and s.status is Status.WAITING and s.slot < 0
+                   and self._shareable(s))
+
     def _shareable(self, seq: Sequence) -> int:
         """How many leading prompt pages seq could take from a sibling (0: none), leaving
         its last token and the last `window` prompt tokens to its own prefill."""
@@ -145,6 +172,19 @@ class Scheduler:
         pages (copied by the engine before the step's forward). Returns those source pages,
         or None (seq unchanged)."""
         k = self._shareable(seq)
+        sib = self._prompt_holder(seq, k)
+        if sib is None:
+            return None
+        tokens = k * self.allocator.page_size
+        source = sib.pages[:k]
+        if self.share == "pages":
+            seq.pages = self.allocator.share(source)
+            self.dirty.append(seq)
+        seq.num_computed = seq.cache_len = tokens
+        return source
+
+    def _prompt_holder(self, seq: Sequence, k: int) -> Sequence | None:
+        """A sibling whose cache holds the first k pages of seq's prompt (k > 0)."""
         if not k:
             return None
         tokens = k * self.allocator.page_size
@@ -152,15 +192,8 @@ class Scheduler:
             # A compacted cache holds the prompt in order only under keep_prompt.
             if (sib is not seq and len(sib.pages) >= k and sib.num_computed >= tokens
                     and (sib.num_compressions == 0 or self.keep_prompt)):
-                break
-        else:
-            return None
-        source = sib.pages[:k]
-        if self.share == "pages":
-            seq.pages = self.allocator.share(source)
-            self.dirty.append(seq)
-        seq.num_computed = seq.cache_len = tokens
-        return source
+                return sib
+        return None
 
     def prompt_wanted(self, seq: Sequence) -> bool:
         """Whether a waiting sibling of seq could still start from seq's cached prompt
@@ -223,6 +256,20 @@ class Scheduler:
         n = min(len(seq) - seq.num_computed, self.max_prefill_tokens)
         return n <= self._room(seq, len(self.running)) and \
             self._fits_bound(seq, self._owed(self.running))
+
+    def admission_due(self) -> bool:
+        """Whether to stop decoding for a prefill step now: can_admit, and with sequences
+        running, the queue's head holds a slot already (partly prefilled), can start from
+        a sibling's cached prompt, or admit_batch slots are free (or as many as sequences
+        wait), and enough for the head's waiting siblings beside it."""
+        if not self.can_admit():
+            return False
+        head = self.waiting[0]
+        if (not self.running or head.slot >= 0
+                or self._prompt_holder(head, self._shareable(head)) is not None):
+            return True
+        want = max(min(len(self.waiting), self.admit_batch), 1 + self._waiting_siblings(head))
+        return len(self.free_slots) >= want
 
     def finish_prefill(self, seq: Sequence) -> None:
         """A sequence whose prompt (or recompute) is fully in the cache starts decoding."""

@@ -234,3 +234,50 @@ def test_postprocess_appends_finishes_and_takes_back_compacted_pages():
     assert allocator.num_free == 10 and sched.num_finished == 2 and sched.done
     sched.postprocess([a], [3], [-1.0], [6])  # its row in an overlapped step: dropped
     assert a.token_ids[6:] == [9, 11, 7] and a.logprobs == [-0.5, -0.25, -2.0]
+
+
+def test_while_sequences_decode_a_prefill_waits_for_a_batch_of_free_slots():
+    """Stopping the decode for a prefill step pays once admit_batch slots are free, or
+    as many as sequences wait: not at every slot a finished answer frees."""
+    allocator = PageAllocator(num_pages=40, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=4, max_prefill_tokens=64, admit_batch=2)
+    a, b, c, d, e, f, g = (Sequence(i, i, 0, [1, 2, 3], 3, seed=0) for i in range(7))
+    for seq in (a, b, c, d, e, f):
+        sched.add(seq)
+    assert sched.admission_due()  # nothing runs: at once
+    sched.advance(sched.schedule_prefill())
+    assert sched.running == [a, b, c, d]
+    sched.finish(a, "stop")
+    assert sched.can_admit() and not sched.admission_due()  # one slot for two waiting
+    sched.finish(b, "stop")
+    assert sched.admission_due()
+    chunks = sched.schedule_prefill()
+    assert [s for s, _ in chunks] == [e, f]
+    sched.advance(chunks)
+    sched.add(g)
+    sched.finish(c, "stop")
+    assert sched.admission_due()  # the whole queue fits
+
+
+def test_a_prompt_starts_only_where_its_waiting_siblings_find_slots():
+    """A step admits a prompt's first sample only while the free slots also hold its
+    siblings, which start from its cached prompt in the next step; otherwise they would
+    wait for slots behind other prompts and prefill the prompt again."""
+    allocator = PageAllocator(num_pages=40, page_size=4)
+    sched = Scheduler(allocator, max_num_seqs=5, max_prefill_tokens=64, share="pages",
+                      admit_batch=1)
+    a = [Sequence(j, 0, j, list(range(14)), 14, seed=j) for j in range(3)]
+    b = [Sequence(3 + j, 1, j, list(range(10)), 10, seed=j) for j in range(3)]
+    for seq in a + b:
+        sched.add(seq)
+    assert sched.schedule_prefill() == [(a[0], 14)]  # b[0] would leave b's siblings 1 slot
+    sched.advance([(a[0], 14)])
+    assert sched.admission_due()  # the head starts from a[0]'s prompt
+    chunks = sched.schedule_prefill()
+    assert chunks == [(a[1], 2), (a[2], 2)]
+    sched.advance(chunks)
+    assert sched.can_admit() and not sched.admission_due()  # b's three need three slots
+    assert sched.schedule_prefill() == []
+    sched.finish(a[1], "stop")
+    assert sched.admission_due()
+    assert sched.schedule_prefill() == [(b[0], 10)]
