@@ -5,7 +5,7 @@ newest running sequence is preempted: its pages are freed and it re-enters the q
 recomputed from its tokens (prompt + generated so far) later. At most one sequence is
 partially prefilled at a time, and it stays at the head of the queue. A step stops adding
 chunks before prefill attention's padded [chunks x longest chunk] query grid would exceed
-twice the step's tokens.
+twice the step's tokens and max_prefill_tokens rows.
 
 The n samples of a prompt share its prefill (`share`): a sample admitted after a sibling
 whose cache holds the prompt takes that sibling's leading prompt pages and prefills only
@@ -125,7 +125,8 @@ class Scheduler:
                 reserved += need
             n = min(len(seq) - seq.num_computed, budget)
             behind = waiters and n < len(seq) - seq.num_computed  # a partial one must lead
-            if behind or _too_ragged(len(chunks), longest, self.max_prefill_tokens - budget, n):
+            if behind or _too_ragged(len(chunks), longest, self.max_prefill_tokens - budget, n,
+                                     self.max_prefill_tokens):
                 self._give_back_prompt(seq, source)
                 break
             room = self._room(seq, len(self.running) + len(chunks))
@@ -384,9 +385,13 @@ class Scheduler:
         return [s for s in {id(s): s for s in dirty}.values() if s.slot >= 0]
 
 
-def _too_ragged(num_chunks: int, longest: int, tokens: int, n: int) -> bool:
+def _too_ragged(num_chunks: int, longest: int, tokens: int, n: int, rows: int) -> bool:
     """Whether one more chunk of n tokens would pad a step of num_chunks chunks (tokens in
-    all, the longest `longest`) past twice its tokens in prefill attention's [chunks x
-    longest chunk] query grid: e.g. the short tails of samples sharing a prompt next to
-    whole prompts. It waits for the next step instead."""
-    return num_chunks > 0 and (num_chunks + 1) * max(longest, n) > 2 * (tokens + n)
+    all, the longest `longest`) past twice its tokens, and past `rows`, in prefill
+    attention's [chunks x longest chunk] query grid: e.g. the short tails of samples
+    sharing a prompt next to whole prompts. It waits for the next step instead. A grid of
+    up to `rows` (max_prefill_tokens) is let through however padded: each step is a
+    forward of the whole model, and the GRPO shape's prompts of 50-1,000 tokens split at
+    twice the tokens alone into 12 steps for 32 prompts x 8 samples (3 with the floor)."""
+    grid = (num_chunks + 1) * max(longest, n)
+    return num_chunks > 0 and grid > max(2 * (tokens + n), rows)

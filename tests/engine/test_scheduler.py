@@ -130,15 +130,16 @@ def test_no_partial_prefill_starts_behind_a_waiting_sibling():
     assert list(sched.waiting) == [c]  # partial, at the head
 
 
-def test_a_step_stops_before_its_padded_query_grid_doubles():
+@pytest.mark.parametrize("max_prefill_tokens, first_step", [(100, [40, 24, 6]),
+                                                             (160, [40, 24, 6, 5])])
+def test_a_step_stops_before_its_padded_query_grid_doubles(max_prefill_tokens, first_step):
+    """2 x 40 <= 2 x 64 and 3 x 40 <= 2 x 70, but 4 x 40 > 2 x 75: tiny waits, unless
+    the grid of 160 rows fits max_prefill_tokens rows."""
     allocator = PageAllocator(num_pages=100, page_size=4)
-    sched = Scheduler(allocator, max_num_seqs=8, max_prefill_tokens=256)
-    long, mid, short, tiny = (Sequence(i, i, 0, list(range(n)), n, seed=0)
-                              for i, n in enumerate((40, 24, 6, 5)))
-    for seq in (long, mid, short, tiny):
-        sched.add(seq)
-    # 2 x 40 <= 2 x 64 and 3 x 40 <= 2 x 70, but 4 x 40 > 2 x 75: tiny waits
-    assert [n for _, n in sched.schedule_prefill()] == [40, 24, 6]
+    sched = Scheduler(allocator, max_num_seqs=8, max_prefill_tokens=max_prefill_tokens)
+    for i, n in enumerate((40, 24, 6, 5)):
+        sched.add(Sequence(i, i, 0, list(range(n)), n, seed=0))
+    assert [n for _, n in sched.schedule_prefill()] == first_step
 
 
 def test_compressed_siblings_copy_the_prompt_pages_and_keep_the_window():
