@@ -55,7 +55,8 @@ def generate_metrics(stats: list) -> dict[str, float]:
     sampling): tokens and preemptions summed, throughput over their summed time; the
     device time of prefill, decode and compaction summed, so a compressed run's records
     say what its compression costs (the rest of the rollout's wall time waited on the
-    host), and the compaction events (batched calls), so a cost per event can be set
+    host), the prefill steps (each a forward that breaks the decode graphs' run) and the
+    compaction events (batched calls), so a cost per event can be set
     beside the profile's; the pages held at once, which prompt sharing lowers where token
     counts do not see it; and whether the fast path ran (the share of decode steps
     replayed from CUDA graphs, 1.0 when every call's forward took the fused kernels)."""
@@ -70,6 +71,7 @@ def generate_metrics(stats: list) -> dict[str, float]:
         "perf/peak_kv_pages": float(max(s.peak_pages_used for s in stats)),
         "perf/preemptions": float(sum(s.preemptions for s in stats)),
         "perf/rollout_prefill_s": sum(s.prefill_s for s in stats),
+        "perf/prefill_steps": float(sum(s.steps - s.decode_steps for s in stats)),
         "perf/prefill_tokens": float(sum(s.prefill_tokens for s in stats)),
         "perf/shared_prompt_tokens": float(sum(s.shared_prompt_tokens for s in stats)),
         "perf/rollout_decode_s": sum(s.decode_s for s in stats),

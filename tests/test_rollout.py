@@ -72,14 +72,14 @@ def test_generate_metrics_sum_the_calls_of_a_rollout():
     calls = [GenerateStats(generated_tokens=300, wall_s=2.0, peak_kv_tokens=900,
                            peak_pages_used=60, preemptions=1, prefill_s=0.25, decode_s=1.0,
                            compress_s=0.5, compress_events=3, prefill_tokens=120,
-                           shared_prompt_tokens=80),
+                           shared_prompt_tokens=80, steps=50, decode_steps=47),
              GenerateStats(generated_tokens=100, wall_s=2.0, peak_kv_tokens=400,
                            peak_pages_used=70, prefill_s=0.25, decode_s=0.5, compress_s=0.25,
-                           prefill_tokens=40)]
+                           prefill_tokens=40, steps=20, decode_steps=19)]
     assert generate_metrics(calls) == {
         "perf/rollout_tokens_per_s": 100.0, "perf/rollout_tokens": 400.0,
         "perf/peak_kv_tokens": 900.0, "perf/peak_kv_pages": 70.0, "perf/preemptions": 1.0,
-        "perf/rollout_prefill_s": 0.5, "perf/prefill_tokens": 160.0,
+        "perf/rollout_prefill_s": 0.5, "perf/prefill_steps": 4.0, "perf/prefill_tokens": 160.0,
         "perf/shared_prompt_tokens": 80.0, "perf/rollout_decode_s": 1.5,
         "perf/rollout_compress_s": 0.75, "perf/compress_events": 3.0,
         "perf/decode_graph_share": 0.0,

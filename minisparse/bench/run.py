@@ -238,7 +238,8 @@ def run_backend(args: argparse.Namespace, backend: str) -> dict:
             print(f"[phases {r + 1}/{args.repeats}] device time: decode {p['decode_s']:.2f}s, "
                   f"compression {p['compress_s']:.2f}s ({100 * p['compress_share']:.1f}% of "
                   f"wall, {p['compress_events']} events), prefill {p['prefill_s']:.2f}s "
-                  f"({p['prefill_tokens']} tokens, {p['shared_prompt_tokens']} shared); "
+                  f"({p['prefill_steps']} steps, {p['prefill_tokens']} tokens, "
+                  f"{p['shared_prompt_tokens']} shared); "
                   f"host-bound rest {p['host_s']:.2f}s; CUDA graphs {p['graph_steps']} of "
                   f"{p['decode_steps']} decode steps, fused kernels "
                   f"{'on' if p['fused_kernels'] else 'off'}", flush=True)
@@ -289,6 +290,7 @@ def phase_split(s: GenerateStats) -> dict:
     (the device waiting for the host: scheduling, bookkeeping, launches)."""
     phases = dict(prefill_s=s.prefill_s, decode_s=s.decode_s, compress_s=s.compress_s)
     return dict(phases, compress_events=s.compress_events, decode_steps=s.decode_steps,
+                prefill_steps=s.steps - s.decode_steps,
                 graph_steps=s.graph_steps, fused_kernels=s.fused_kernels,
                 compress_share=s.compress_s / max(s.wall_s, 1e-9),
                 host_s=max(0.0, s.wall_s - sum(phases.values())))
