@@ -169,8 +169,9 @@ class DataConfig:
 @dataclass
 class RewardConfig:
     # Processes that grade a batch of responses, in training and evaluation (data/reward.py,
-    # data/grading_pool.py); 1 until more is checked again on the GPU image (docs/results.md).
-    workers: Count = 1
+    # data/grading_pool.py); 0: one per two physical cores of this process's share of the
+    # host, at most 8 (data/reward.py, grading_workers).
+    workers: NonNegativeInt = 0
     # Seconds math-verify may spend on one answer before it scores 0 (its grading process
     # is killed just past this); a batch's grading is bounded by a budget built from it.
     timeout_s: Annotated[float, Rule("> 0", lambda v: v > 0)] = 2.0
@@ -426,6 +427,8 @@ HELP = {
     "compress.n_sink": "streaming_llm: attention-sink tokens (the first ones) always kept",
     "compress.keep_prompt": "never evict prompt tokens; the budget counts response tokens "
                             "only",
+    "reward.workers": "grading processes; 0: one per two physical cores of this process's "
+                      "share of the host, at most 8",
     "reward.timeout_s": "seconds math-verify may spend on one answer before it scores 0",
     "engine.backend": "rollout engine; sglang (an embedded sglang.Engine) is dense only",
     "engine.page_size": "tokens per KV-cache page",

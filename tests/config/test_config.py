@@ -191,7 +191,7 @@ def test_zero_stage_is_auto_or_a_number(tmp_path):
     ("compress.divide_method=none", "'compress.divide_method' must be one of step_length"),
     ("compress.divide_length=0", "'compress.divide_length' must be >= 1, got 0"),
     ("compress.max_buffer=0", "'compress.max_buffer' must be >= 1, got 0"),
-    ("reward.workers=0", "'reward.workers' must be >= 1, got 0"),
+    ("reward.workers=-1", "'reward.workers' must be >= 0, got -1"),
     ("reward.overlong_buffer=-1", "'reward.overlong_buffer' must be >= 0, got -1"),
     ("reward.overlong_buffer=999",
      "'reward.overlong_buffer' (999) must be <= 'max_response_len' (48)"),

@@ -157,3 +157,16 @@ def test_the_limit_must_be_positive(value):
 def test_the_limit_is_a_setting():
     assert RewardConfig().timeout_s == reward.DEFAULT_TIMEOUT_S == 2.0
     assert load_config("tiny_rkv", ["reward.timeout_s=0.5"]).reward.timeout_s == 0.5
+
+
+def test_grading_workers_follow_the_setting_or_the_cores():
+    """reward.workers > 0 is taken as is; 0 takes one process per two physical cores of
+    this process's share of the host (torchrun's LOCAL_WORLD_SIZE processes), 1 to 8."""
+    from minisparse.data.reward import grading_workers
+
+    assert grading_workers(3, cores=64, local_processes=1) == 3
+    assert grading_workers(0, cores=2, local_processes=1) == 1  # the 2-core quick start
+    assert grading_workers(0, cores=16, local_processes=1) == 8
+    assert grading_workers(0, cores=16, local_processes=4) == 2
+    assert grading_workers(0, cores=64, local_processes=2) == 8
+    assert grading_workers(0, cores=1, local_processes=8) == 1
