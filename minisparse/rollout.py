@@ -71,7 +71,7 @@ def generate_metrics(stats: list) -> dict[str, float]:
         "perf/peak_kv_pages": float(max(s.peak_pages_used for s in stats)),
         "perf/preemptions": float(sum(s.preemptions for s in stats)),
         "perf/rollout_prefill_s": sum(s.prefill_s for s in stats),
-        "perf/prefill_steps": float(sum(s.steps - s.decode_steps for s in stats)),
+        "perf/prefill_steps": float(sum(s.prefill_steps for s in stats)),
         "perf/prefill_tokens": float(sum(s.prefill_tokens for s in stats)),
         "perf/shared_prompt_tokens": float(sum(s.shared_prompt_tokens for s in stats)),
         "perf/rollout_decode_s": sum(s.decode_s for s in stats),

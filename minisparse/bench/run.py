@@ -290,7 +290,7 @@ def phase_split(s: GenerateStats) -> dict:
     (the device waiting for the host: scheduling, bookkeeping, launches)."""
     phases = dict(prefill_s=s.prefill_s, decode_s=s.decode_s, compress_s=s.compress_s)
     return dict(phases, compress_events=s.compress_events, decode_steps=s.decode_steps,
-                prefill_steps=s.steps - s.decode_steps,
+                prefill_steps=s.prefill_steps,
                 graph_steps=s.graph_steps, fused_kernels=s.fused_kernels,
                 compress_share=s.compress_s / max(s.wall_s, 1e-9),
                 host_s=max(0.0, s.wall_s - sum(phases.values())))

@@ -391,7 +391,7 @@ def _too_ragged(num_chunks: int, longest: int, tokens: int, n: int, rows: int) -
     attention's [chunks x longest chunk] query grid: e.g. the short tails of samples
     sharing a prompt next to whole prompts. It waits for the next step instead. A grid of
     up to `rows` (max_prefill_tokens) is let through however padded: each step is a
-    forward of the whole model, and the GRPO shape's prompts of 50-1,000 tokens split at
-    twice the tokens alone into 12 steps for 32 prompts x 8 samples (3 with the floor)."""
+    forward of the whole model, and at twice the tokens alone the MATH prompts' spread of
+    lengths cut a GRPO rollout's first prefill into many (docs/engine.md)."""
     grid = (num_chunks + 1) * max(longest, n)
     return num_chunks > 0 and grid > max(2 * (tokens + n), rows)

@@ -54,6 +54,11 @@ class GenerateStats:
     graph_steps: int = 0
     fused_kernels: bool = False
 
+    @property
+    def prefill_steps(self) -> int:
+        """Steps that prefilled (each an eager forward between runs of decode steps)."""
+        return self.steps - self.decode_steps
+
 
 @dataclass
 class Sequence:

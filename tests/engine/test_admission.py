@@ -19,7 +19,7 @@ def _run(model, monkeypatch, share: int, compress):
     params = SamplingParams(temperature=1.0, max_new_tokens=80, seed=5, stop_token_ids=[5, 9])
     outs = engine.generate(prompts(48, lo=5, hi=30, seed=2), params)
     stats = engine.last_stats
-    return [o.token_ids for o in outs], stats.steps - stats.decode_steps, stats
+    return [o.token_ids for o in outs], stats.prefill_steps, stats
 
 
 @pytest.mark.parametrize("compress", [None, RKV], ids=["dense", "rkv"])
