@@ -71,11 +71,24 @@ def _patch_instance(model: nn.Module, family: str) -> None:
     getattr(monkey_patch, f"apply_liger_kernel_to_{family}")(
         rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
         fused_linear_cross_entropy=False, model=model)
-    liger_rope = hf.apply_rotary_pos_emb
+    liger_rope = _triton_rope() if hf.apply_rotary_pos_emb is not saved[names[0]] else None
     for name, value in saved.items():
         setattr(hf, name, value)
-    if liger_rope is not saved["apply_rotary_pos_emb"]:
+    if liger_rope is not None:
         hf.apply_rotary_pos_emb = _rope_on_cuda(liger_rope, saved["apply_rotary_pos_emb"])
+
+
+def _triton_rope() -> Callable:
+    """Liger's Triton RoPE, always. Liger's dispatcher sends large grad-carrying calls to a
+    CuTe DSL kernel that compiles once per shape: every rollout brings new micro-batch
+    lengths, and those compiles took 15 s of a 23 s update at the coder shape."""
+    from liger_kernel.ops.rope import LigerRopeFunction
+
+    def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             position_ids: torch.Tensor | None = None, unsqueeze_dim: int = 1):
+        return LigerRopeFunction.apply(q, k, cos, sin, position_ids, unsqueeze_dim)
+
+    return rope
 
 
 def _rope_on_cuda(liger_rope: Callable, plain_rope: Callable) -> Callable:

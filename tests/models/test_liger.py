@@ -71,3 +71,39 @@ def test_patched_policy_matches_plain_on_gpu(shape):
     assert "Liger" not in type(cpu.model.norm).__name__
     cpu.model.layers = cpu.model.layers[:1]
     cpu(torch.tensor([[1, 2, 3]]))
+
+
+def test_training_rope_is_liger_triton_kernel_not_its_dispatcher(tiny, monkeypatch):
+    """Liger's dispatcher sends large grad-carrying RoPE calls to a CuTe DSL kernel that
+    compiles once per shape; every rollout brings new lengths, so the patch must call the
+    Triton kernel itself. A stand-in liger_kernel records which one a CUDA call reaches."""
+    import importlib
+    import sys
+    import types
+
+    hf = importlib.import_module("transformers.models.qwen2.modeling_qwen2")
+    monkeypatch.setattr(hf, "apply_rotary_pos_emb", hf.apply_rotary_pos_emb)  # restored after
+    calls = []
+
+    def apply_liger_kernel_to_qwen2(**kwargs):
+        hf.apply_rotary_pos_emb = lambda q, k, *a, **kw: calls.append("dispatcher")
+
+    class LigerRopeFunction:
+        @staticmethod
+        def apply(q, k, cos, sin, position_ids, unsqueeze_dim):
+            calls.append(("triton", position_ids, unsqueeze_dim))
+
+    modules = {"liger_kernel": types.ModuleType("liger_kernel"),
+               "liger_kernel.transformers": types.ModuleType("liger_kernel.transformers"),
+               "liger_kernel.transformers.monkey_patch": types.SimpleNamespace(
+                   apply_liger_kernel_to_qwen2=apply_liger_kernel_to_qwen2),
+               "liger_kernel.ops": types.ModuleType("liger_kernel.ops"),
+               "liger_kernel.ops.rope": types.SimpleNamespace(LigerRopeFunction=LigerRopeFunction)}
+    modules["liger_kernel.transformers"].monkey_patch = modules["liger_kernel.transformers.monkey_patch"]
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(liger, "liger_available", lambda: True)
+    assert liger.use_liger_kernel(tiny, "on", on_gpu=True).startswith("Liger")
+    on_cuda = types.SimpleNamespace(is_cuda=True)
+    hf.apply_rotary_pos_emb(on_cuda, on_cuda, None, None, unsqueeze_dim=2)
+    assert calls == [("triton", None, 2)]
