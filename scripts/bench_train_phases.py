@@ -7,15 +7,16 @@
 One DeepSpeed engine (the config's ZeRO stage, AdamW, bf16) and one reference model, a
 synthetic rollout batch shaped like a random-weight rollout (every response runs to
 --response-len), then train.py's own `logprob_phase` and `update_phase` (with `phase`
-timing and memory, and `perf_metrics`) for each variant, each run --repeats times on
-the same batch. A variant sets the training attention (model.attention), the update's
-micro-batch budget (max_tokens_per_gpu, the log-prob passes' too), gradient
-checkpointing ("plan": what the memory plan chooses on this GPU for that budget, "all"
-or "none") and the LM head's softmax work: "kernels" (train.py's Triton kernels) or
-"torch" (the PyTorch ops, the CPU path). `default` is train.py as it runs (attention
-auto: flash-attn-4 where it runs, else torch's varlen kernel; each row names the one
-that ran). Before any update, the old log-probs of the first variant and each other one
-are compared on the same weights (relative L2 over response tokens).
+timing and memory, and `perf_metrics`) for each variant, each run --repeats times on the
+same batch. A variant sets the training attention (model.attention), the update's and
+the log-prob passes' micro-batch budgets (max_tokens_per_gpu,
+logprob_max_tokens_per_gpu; the plan may give the passes less), gradient checkpointing
+("plan": what the memory plan chooses on this GPU for that budget, "all" or "none") and
+the LM head's softmax work: "kernels" (train.py's Triton kernels) or "torch" (the
+PyTorch ops, the CPU path). `default` is train.py as it runs (attention auto:
+flash-attn-4 where it runs, else torch's varlen kernel; each row names the one that
+ran). Before any update, the old log-probs of the first variant and each other one are
+compared on the same weights (relative L2 over response tokens).
 The rollout, reward and swap phases are left out: no engine is built.
 """
 
@@ -53,6 +54,7 @@ from minisparse.trainer.train_engine import build_train_engine
 class Variant:
     attention: str = "auto"
     max_tokens: int = 8192  # the update's micro-batch budget (max_tokens_per_gpu)
+    logprob_tokens: int = 0  # the log-prob passes' (logprob_max_tokens_per_gpu; 0: auto)
     checkpointing: str = "plan"  # "plan" (the memory plan's layers), "all" or "none"
     head: str = "kernels"  # "kernels" or "torch": the fused LM head's softmax work
 
@@ -61,8 +63,10 @@ VARIANTS = {
     "default": Variant(),
     "default_10k": Variant(max_tokens=10240),  # pairs of the paper's 4k-response sequences
     "default_16k": Variant(max_tokens=16384),
+    "logprobs_8k": Variant(logprob_tokens=8192),  # log-prob micro-batches as the update's
+    "logprobs_32k": Variant(logprob_tokens=32768),
     # the trainer before the head kernels and the planned checkpointing
-    "before": Variant(max_tokens=16384, checkpointing="all", head="torch"),
+    "before": Variant(max_tokens=16384, logprob_tokens=16384, checkpointing="all", head="torch"),
     "kernels_all": Variant(max_tokens=16384, checkpointing="all"),
     "no_ckpt": Variant(checkpointing="none"),
     "torch_varlen": Variant(attention="varlen"),
@@ -100,14 +104,14 @@ def apply_variant(run: train.Run, name: str) -> str:
     v = VARIANTS[name]
     cfg = run.cfg
     module = run.train_engine.module
-    cfg.max_tokens_per_gpu = v.max_tokens
+    cfg.max_tokens_per_gpu, cfg.logprob_max_tokens_per_gpu = v.max_tokens, v.logprob_tokens
     cfg.model = dataclasses.replace(cfg.model, attention=v.attention, gradient_checkpointing="auto")
     run.plan = plan_memory(cfg, run.device, dist.world_size(), run.reference is not None)
     if run.plan.setup is None:  # no GPU: the variant's settings as given
         run.plan = not_planned(cfg)
     layers = {"plan": run.plan.checkpointed_layers if run.plan.gradient_checkpointing else 0,
               "all": None, "none": 0}[v.checkpointing]
-    run.plan.logprob_tokens = run.plan.update_tokens = v.max_tokens
+    run.plan.update_tokens = v.max_tokens  # (the plan's log-prob budget: train.py's)
     words = use_attention(module, v.attention)
     if run.reference is not None:  # kept on the CPU: it takes the policy's choice as is
         run.reference.module.set_attn_implementation(module.config._attn_implementation)
@@ -124,7 +128,7 @@ def compare_logprobs(run: train.Run, batch: RolloutBatch, names: list[str], n: i
     ref = None
     for name in names:
         apply_variant(run, name)
-        logp = batch_logprobs(module, *sub, cfg.max_tokens_per_gpu, cfg.temperature,
+        logp = batch_logprobs(module, *sub, run.plan.logprob_tokens, cfg.temperature,
                               cfg.model.logprob_chunk)
         if ref is None:
             ref = logp
@@ -136,7 +140,7 @@ def set_sampler_logprobs(run: train.Run, batch: RolloutBatch) -> None:
     """The sampler's log-probs: dense ones, so the corrections keep every token."""
     cfg = run.cfg
     batch.rollout_logp = batch_logprobs(run.train_engine.module, batch.prompts, batch.responses,
-                                        batch.width, cfg.max_tokens_per_gpu, cfg.temperature,
+                                        batch.width, run.plan.logprob_tokens, cfg.temperature,
                                         cfg.model.logprob_chunk)
 
 

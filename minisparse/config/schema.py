@@ -351,6 +351,11 @@ class Config:
     global_batch_size: Count = 256
     num_steps_per_rollout: Count = 4
     max_tokens_per_gpu: Count = 8192
+    # tokens a micro-batch of the log-prob passes (old policy, reference; no gradients)
+    # holds; 0: auto, max(max_tokens_per_gpu, 16384), less where the memory plan finds they
+    # would not fit (no plan: max_tokens_per_gpu). Short micro-batches leave those passes
+    # bound by their kernel launches (slime: --log-probs-max-tokens-per-gpu).
+    logprob_max_tokens_per_gpu: NonNegativeInt = 0
     # auto: ZeRO 1 (one gradient reduction a step) where the memory plan finds it costs
     # nothing ZeRO 2 would not (no more checkpointed layers, no optimizer offload, the
     # training state kept through rollouts as under 2, the same log-prob micro-batches);

@@ -30,6 +30,7 @@ RESUMABLE_KEYS = frozenset({
     "num_rollout", "save_interval", "save_total_limit", "eval_interval", "eval_before_training",
     "resume",
     "output_dir", "max_nonfinite_steps", "gpu_memory_gb", "max_tokens_per_gpu",
+    "logprob_max_tokens_per_gpu",
     "zero_stage", "optimizer_offload", "model.gradient_checkpointing", "model.attention",
     "model.logprob_chunk", "model.liger_kernel", "reward.workers", "reward.timeout_s",
     "cpu_threads",

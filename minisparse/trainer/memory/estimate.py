@@ -128,6 +128,7 @@ class Setup:
     zero_stage: int
     longest: int  # tokens of the longest sequence (prompt + response)
     max_tokens: int  # max_tokens_per_gpu
+    logprob_tokens: int  # the log-prob passes' budget before the plan fits it (logprob_budget)
     logprob_chunk: int
     liger: bool
     sdpa: bool
@@ -163,6 +164,20 @@ def rollout_cache_tokens(cfg: Config) -> int:
     return (-(-tokens // page) + 1) * page  # + the page the next token opens
 
 
+# The auto log-prob budget. A micro-batch's forward costs the 1.5B an estimated ~30 ms
+# of host work (kernel launches) whatever its size: 8,192-token micro-batches of
+# 1,700-token sequences ran its log-prob passes at 53-54% MFU on an H200, those of one
+# 4,200-token sequence (the paper's lengths at 8,192) at 36% (docs/benchmarks.md,
+# "Log-prob micro-batches").
+AUTO_LOGPROB_TOKENS = 16384
+
+
+def logprob_budget(cfg: Config) -> int:
+    """logprob_max_tokens_per_gpu, or auto's max(max_tokens_per_gpu, AUTO_LOGPROB_TOKENS);
+    the memory plan may give the passes less."""
+    return cfg.logprob_max_tokens_per_gpu or max(cfg.max_tokens_per_gpu, AUTO_LOGPROB_TOKENS)
+
+
 def lora_sizes(shape: ModelShape, lora: LoraConfig) -> tuple[int, int]:
     """(adapter parameters, parameters of the weights they adapt) of model.lora on a
     decoder of this shape: rank x (in + out) and in x out per adapted linear layer."""
@@ -187,7 +202,8 @@ def setup_of(cfg: Config, shape: ModelShape, world: int, liger: bool, reference:
     return Setup(
         shape=shape, dtype_bytes=dtype_bytes, world=world, zero_stage=zero_stage_of(cfg),
         longest=cfg.data.max_prompt_len + cfg.max_response_len,
-        max_tokens=cfg.max_tokens_per_gpu, logprob_chunk=cfg.model.logprob_chunk,
+        max_tokens=cfg.max_tokens_per_gpu, logprob_tokens=logprob_budget(cfg),
+        logprob_chunk=cfg.model.logprob_chunk,
         liger=liger, sdpa=cfg.model.attention == "sdpa",
         reference=reference and not lora,
         trainable=trainable, merged=merged,
@@ -435,7 +451,8 @@ def cpu_peak(s: Setup, checkpointed: int, pool: int) -> tuple[int, str]:
     tokens = s.worst_tokens
     rollout = (rollout_resident(s) + (0 if s.zero_stage == 0 else optimizer_state(s))
                + pool + 16 * s.max_num_seqs * s.shape.vocab)
-    phases = {"rollout": rollout, "log-prob passes": logprob_peak(s, tokens),
+    phases = {"rollout": rollout,
+              "log-prob passes": logprob_peak(s, max(s.logprob_tokens, s.longest)),
               "update": update_peak(s, tokens, checkpointed, offload=False)}
     name = max(phases, key=phases.get)
     return CPU_LIBRARIES + int(phases[name] * (1 + CPU_ALLOCATOR)), name

@@ -21,10 +21,10 @@ It decides:
   stays on the GPU through rollouts: when the KV pool beside it still holds every
   sequence of a rollout at its largest cache (compressed rollouts need little), so the
   swaps between phases move nothing; otherwise it waits on the CPU during rollouts;
-* the log-prob passes' micro-batch budget: max_tokens_per_gpu, less where those passes
-  would not fit. The update's micro-batches keep max_tokens_per_gpu; a sequence longer
-  than it gets a micro-batch of its own (batching.pack_by_tokens), and the plan counts
-  that one;
+* the log-prob passes' micro-batch budget: logprob_max_tokens_per_gpu (auto: at least
+  16,384 tokens), less where those passes would not fit. The update's micro-batches keep
+  max_tokens_per_gpu; a sequence longer than it gets a micro-batch of its own
+  (batching.pack_by_tokens), and the plan counts that one;
 * the ZeRO stage (zero_stage: auto): 1 where its plan gives up nothing of ZeRO 2's (the
   same or fewer checkpointed layers, no optimizer offload that 2 avoids, the training
   state kept through rollouts where 2 keeps it, the same log-prob micro-batches), else 2.
@@ -144,7 +144,8 @@ def not_planned(cfg: Config) -> MemoryPlan:
     return MemoryPlan(gradient_checkpointing=cfg.model.gradient_checkpointing == "true",
                       optimizer_offload=cfg.optimizer_offload == "true",
                       cpu_adam=cpu_adam_of(cfg),
-                      logprob_tokens=cfg.max_tokens_per_gpu, update_tokens=cfg.max_tokens_per_gpu,
+                      logprob_tokens=cfg.logprob_max_tokens_per_gpu or cfg.max_tokens_per_gpu,
+                      update_tokens=cfg.max_tokens_per_gpu,
                       zero_stage=zero_stage_of(cfg))
 
 
@@ -270,11 +271,11 @@ def _check_host(s: Setup, host: int) -> None:
 
 
 def _logprob_budget(cfg: Config, s: Setup, usable: int) -> int:
-    """max_tokens_per_gpu, or the largest budget whose log-prob passes fit."""
-    if logprob_peak(s, s.worst_tokens) <= usable:
-        return s.max_tokens
+    """The setup's log-prob budget, or the largest whose log-prob passes fit."""
+    if logprob_peak(s, max(s.logprob_tokens, s.longest)) <= usable:
+        return s.logprob_tokens
     fits = lambda n: logprob_peak(s, n) <= usable  # noqa: E731
-    n = largest(fits, s.longest, s.max_tokens)
+    n = largest(fits, s.longest, s.logprob_tokens)
     if n is not None:
         return round_down(n, s.longest)
     if s.logprob_chunk == 0:

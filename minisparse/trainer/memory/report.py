@@ -208,7 +208,8 @@ def _step_error(cfg: Config, s: Setup, usable: int) -> str:
 
 # What lowers a CPU run's peak, by the phase it falls in.
 LOWER = {"update": "a smaller max_tokens_per_gpu or model.gradient_checkpointing=true",
-         "log-prob passes": "a smaller max_tokens_per_gpu",
+         "checkpointed update": "a smaller max_tokens_per_gpu",
+         "log-prob passes": "a smaller logprob_max_tokens_per_gpu",
          "rollout": "a smaller engine.kv_cpu_memory_gb"}
 
 
@@ -220,12 +221,12 @@ def cpu_memory_line(cfg: Config, plan: MemoryPlan, world: int, reference: bool) 
     from minisparse.engine.kv_pool import pool_bytes
     from minisparse.models.loading import model_config
 
-    s = setup_of(cfg, shape_of(model_config(cfg.model.path)), world, liger=False,
-                 reference=reference)
+    s = replace(setup_of(cfg, shape_of(model_config(cfg.model.path)), world, liger=False,
+                         reference=reference), logprob_tokens=plan.logprob_tokens)
     checkpointed = plan.checkpointed_layers or (s.shape.layers if plan.gradient_checkpointing
                                                 else 0)
     peak, phase = cpu_peak(s, checkpointed, pool_bytes(cfg.engine, torch.device("cpu")))
     each = " a process" if world > 1 else ""
-    lower = LOWER["log-prob passes" if phase == "update" and checkpointed else phase]
+    lower = LOWER["checkpointed update" if phase == "update" and checkpointed else phase]
     return (f"memory: about {gib(peak)} GiB resident at its peak{each}, in the {phase} "
             f"({lower} lowers it)")

@@ -136,8 +136,9 @@ def test_decisions_on_an_80gb_gpu(qwen3b, response, tokens, layers, without):
     plan = make_plan(cfg, s, H100, "H100")
     assert plan.gradient_checkpointing is (layers > 0) and not plan.optimizer_offload
     assert plan.checkpointed_layers == layers
-    assert plan.logprob_tokens == plan.update_tokens == tokens
-    assert plan.peaks["logprobs"] == logprob_peak(s, max(tokens, s.longest))
+    # the log-prob passes (no gradients) take at least AUTO_LOGPROB_TOKENS where they fit
+    assert plan.update_tokens == tokens and plan.logprob_tokens == max(tokens, 16384)
+    assert plan.peaks["logprobs"] == logprob_peak(s, max(16384, s.longest))
     worst = max(tokens, s.longest)
     off = backward_peak(s, worst, 0, False)
     assert round(off / GIB, 1) == without
@@ -166,6 +167,11 @@ def test_log_prob_budget_is_the_largest_that_fits(qwen3b):
     assert _logprob_budget(cfg, s, logprob_peak(s, 8191)) == 7936  # a multiple of 256
     assert _logprob_budget(cfg, s, logprob_peak(s, 5000)) == 4864
     assert _logprob_budget(cfg, s, logprob_peak(s, s.longest)) == s.longest  # 4,256
+    # where they fit, auto gives the passes (no activations kept) 16,384 tokens, and
+    # logprob_max_tokens_per_gpu what it says; without a plan, max_tokens_per_gpu
+    assert _logprob_budget(cfg, s, H100) == 16384 and not_planned(cfg).logprob_tokens == 8192
+    cfg, s = zero2_setup(qwen3b, "max_response_len=4096", "logprob_max_tokens_per_gpu=6000")
+    assert _logprob_budget(cfg, s, H100) == 6000 == not_planned(cfg).logprob_tokens
 
 
 def test_checkpointing_fixed_on_takes_every_layer(qwen3b):
@@ -287,7 +293,8 @@ def test_planned_peaks_of_a_batch(qwen3b):
     peak 64.07 GiB (64.05 measured on an H100), log-probs with the reference visiting
     46.60 (46.48 measured when Liger's head ran them: 2bTH, ours bTH + b·chunk·V). Before any step there are no AdamW moments yet: the log-probs
     need 8P less, and the first optimizer step makes them (20P)."""
-    cfg, s = zero2_setup(qwen3b, "max_response_len=4096", "max_tokens_per_gpu=4096")
+    cfg, s = zero2_setup(qwen3b, "max_response_len=4096", "max_tokens_per_gpu=4096",
+                         "logprob_max_tokens_per_gpu=4096")
     plan = make_plan(cfg, s, H100, "H100")
     peaks = batch_peaks(plan, [4247, 4247], num_steps=1, steps_done=3)
     assert round(peaks["update"] / GIB, 2) == 64.07
@@ -358,7 +365,7 @@ def test_tiny_run_with_a_planned_gpu(tmp_path):
                                  "kept free); 0.1M parameters, ZeRO 2 over 1 GPU")
     assert "chosen: gradient checkpointing off (auto: the update fits without it)" in res.stdout
     plan = json.loads((out / "memory_plan.json").read_text())
-    assert plan["planned"] and plan["update_tokens"] == plan["logprob_tokens"] == 2048
+    assert plan["planned"] and plan["update_tokens"] == 2048 and plan["logprob_tokens"] == 16384
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert 0 < row["memory_plan/update_gib"] < row["memory_plan/rollout_gib"] < 1
 

@@ -67,8 +67,11 @@ def test_qwen1_5b_on_24gb_takes_cpu_adam_by_hand(shapes):
     assert backward_peak(two, 8192, 0, False) == 22_097_587_200  # 2P + 2VH + start
     assert host_memory(cpu) == 22 * p
     # log-probs: weights, staging buffer, the visiting reference 2P, a layer's work
-    # 8192 x 2(3H + 3I) and the chunked head 2TH + 2 x 1024 x V: 6.98 GiB
-    assert plan.peaks["logprobs"] == logprob_peak(cpu, 8192) == 7_493_834_752
+    # T x 2(3H + 3I) and the chunked head 2TH + 2 x 1024 x V: 6.98 GiB at 8,192 tokens;
+    # the plan's 16,384 (auto) add 8192 x (2(3H + 3I) + 2H): 7.48 GiB
+    assert logprob_peak(cpu, 8192) == 7_493_834_752
+    assert plan.logprob_tokens == 16384
+    assert plan.peaks["logprobs"] == logprob_peak(cpu, 16384) == 8_034_899_968
     head = plan_table(plan).splitlines()[0]
     assert head.endswith("optimizer on the CPU (DeepSpeed CPU Adam, auto: with AdamW on the GPU "
                          "the update would need ~31.6 GiB of the 22.1 GiB): host memory 31.6 "
