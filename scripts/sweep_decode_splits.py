@@ -8,6 +8,8 @@ the split rule (triton_decode.choose_splits) and the tile (block_n 64, 4 warps) 
 Each replay runs the kernel over --layers caches of its own, as a decode step reads one
 cache a layer (28 on the 1.5B), and reports the time a layer: a single cache replayed
 stays in L2 where it fits (16 x 768 is 12.6 MB, 64 x 768 50 MB), which a step never sees.
+--rope times the step's own kernel instead (rope_decode_attention: the new token's RoPE
+and cache write fused in), which the engine's decode step runs.
 """
 from __future__ import annotations
 
@@ -32,12 +34,14 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=28, help="distinct caches a replay reads")
     p.add_argument("--block-n", default="64", help="comma-separated tile lengths")
     p.add_argument("--warps", default="4", help="comma-separated warp counts")
+    p.add_argument("--rope", action="store_true", help="time rope_decode_attention")
     p.add_argument("--q-heads", type=int, default=12)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=128)
     args = p.parse_args()
     splits = _ints(args.splits)
-    print(f"microseconds a layer, {args.layers} distinct caches a replay")
+    kernel = "rope_decode_attention" if args.rope else "paged_decode_attention"
+    print(f"{kernel}: microseconds a layer, {args.layers} distinct caches a replay")
     print("| B x L | block_n x warps | rule's splits | "
           + " | ".join(f"{s} splits" for s in splits) + " |")
     print("|---" * (len(splits) + 3) + "|")
@@ -51,25 +55,50 @@ def main() -> None:
         rule = triton_decode.choose_splits(B * args.kv_heads, L, num_sms(cases[0].q.device))
         for block_n in _ints(args.block_n):
             for warps in _ints(args.warps):
-                cells = [_cell(cases, refs, L, s, block_n, warps) for s in splits]
+                cells = [_cell(cases, refs, L, s, block_n, warps, args.rope) for s in splits]
                 print(f"| {B} x {L} | {block_n} x {warps} | {rule} | " + " | ".join(cells) + " |")
         del cases, refs
         torch.cuda.empty_cache()
 
 
-def _cell(cases: list, refs: list, L: int, splits: int, block_n: int, warps: int) -> str:
-    def run():
-        return [triton_decode.paged_decode_attention(*c.args(), max_len=L, num_splits=splits,
-                                                     block_n=block_n, num_warps=warps)
-                for c in cases]
+def _cell(cases: list, refs: list, L: int, splits: int, block_n: int, warps: int,
+          rope: bool) -> str:
+    tiles = dict(max_len=L, num_splits=splits, block_n=block_n, num_warps=warps)
+    if rope:
+        steps = [_rope_step(c) for c in cases]
+
+        def run():
+            return [triton_decode.rope_decode_attention(*step, **tiles) for step in steps]
+    else:
+        def run():
+            return [triton_decode.paged_decode_attention(*c.args(), **tiles) for c in cases]
     try:
         outs = run()
     except Exception as e:  # a tile this GPU cannot hold: say so, sweep on
         return f"({type(e).__name__})"
+    if rope:  # its own reference: the new token rotated and written first
+        refs = [triton_decode.rope_decode_attention(*step, max_len=L, num_splits=1)
+                for step in steps]
     err = max(float((o.float() - r.float()).norm() / r.float().norm())
               for o, r in zip(outs, refs))
     us = do_bench_cudagraph(run, rep=100, return_mode="median") * 1e3 / len(cases)
     return f"{us:.1f}" + ("" if err < 1e-2 else " (err)")
+
+
+def _rope_step(c) -> tuple:
+    """rope_decode_attention's arguments for the case's sequences, the new token each
+    one's last entry: a fused q/k/v row, cos/sin at its position and its cache slot."""
+    B, h_q, D = c.q.shape
+    h_kv = c.k_cache.shape[1]
+    g = torch.Generator(device=c.q.device).manual_seed(1)
+    qkv = torch.randn(B, (h_q + 2 * h_kv) * D, generator=g, device=c.q.device).to(c.q.dtype)
+    pos = (c.cache_lens.long() - 1)[:, None, None].float()
+    freq = 10000.0 ** (-torch.arange(D // 2, device=c.q.device) / (D // 2))
+    angle = torch.cat([pos * freq, pos * freq], dim=-1)  # [B, 1, D]
+    last = c.cache_lens.long() - 1
+    slots = c.page_table[c.rows, last // c.page_size] * c.page_size + last % c.page_size
+    return (qkv, angle.cos().to(c.q.dtype), angle.sin().to(c.q.dtype), slots, c.k_cache,
+            c.v_cache, c.page_table, c.rows, c.cache_lens, c.page_size, c.scale, h_q)
 
 
 if __name__ == "__main__":
