@@ -66,6 +66,16 @@ def test_patched_policy_matches_plain_on_gpu(shape):
     assert ((out["plain_nograd"].float() - nograd).norm() / nograd.norm()).item() < 2e-2
     for a, b in zip(out["plain"], out["fused"]):
         assert ((a - b).norm() / b.norm()).item() < 2e-2
+    # grad-carrying RoPE of 131,072+ query rows (where Liger's dispatcher would pick its
+    # CuTe DSL kernel, compiled per shape) runs Liger's Triton kernel
+    import importlib
+    family = "qwen2" if shape.startswith("qwen") else "llama"
+    hf = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    q, k = (torch.randn(1, h, 8192, 128, device="cuda", dtype=torch.bfloat16,
+                        requires_grad=True) * 1 for h in (16, 2))  # a projection's outputs
+    cos, sin = torch.randn(2, 1, 8192, 128, device="cuda", dtype=torch.bfloat16)
+    rotated, _ = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    assert type(rotated.grad_fn).__name__ == "LigerRopeFunctionBackward"
     # the patch stays with that model: a model built afterwards on the CPU still runs
     cpu = load_policy(shape, "float32", torch.device("cpu"))[0]
     assert "Liger" not in type(cpu.model.norm).__name__
