@@ -50,38 +50,39 @@ def main() -> None:
         cases = [make_case([L] * B, args.q_heads, args.kv_heads, args.head_dim, 16,
                            torch.bfloat16, device="cuda", seed=i, poison=0.0)
                  for i in range(args.layers)]
-        refs = [triton_decode.paged_decode_attention(*c.args(), max_len=L, num_splits=1)
-                for c in cases]
+        attend = _kernel(cases, args.rope)
+        refs = attend(max_len=L, num_splits=1)
         rule = triton_decode.choose_splits(B * args.kv_heads, L, num_sms(cases[0].q.device))
         for block_n in _ints(args.block_n):
             for warps in _ints(args.warps):
-                cells = [_cell(cases, refs, L, s, block_n, warps, args.rope) for s in splits]
+                cells = [_cell(attend, refs, dict(max_len=L, num_splits=s, block_n=block_n,
+                                                  num_warps=warps)) for s in splits]
                 print(f"| {B} x {L} | {block_n} x {warps} | {rule} | " + " | ".join(cells) + " |")
-        del cases, refs
+        del cases, refs, attend
         torch.cuda.empty_cache()
 
 
-def _cell(cases: list, refs: list, L: int, splits: int, block_n: int, warps: int,
-          rope: bool) -> str:
-    tiles = dict(max_len=L, num_splits=splits, block_n=block_n, num_warps=warps)
+def _kernel(cases: list, rope: bool):
+    """The swept kernel over every case's cache: tiling keywords -> the outputs. With rope,
+    rope_decode_attention, whose new token (the same each call) is rotated and written
+    first."""
     if rope:
         steps = [_rope_step(c) for c in cases]
+        return lambda **tiles: [triton_decode.rope_decode_attention(*s, **tiles) for s in steps]
+    return lambda **tiles: [triton_decode.paged_decode_attention(*c.args(), **tiles)
+                            for c in cases]
 
-        def run():
-            return [triton_decode.rope_decode_attention(*step, **tiles) for step in steps]
-    else:
-        def run():
-            return [triton_decode.paged_decode_attention(*c.args(), **tiles) for c in cases]
+
+def _cell(attend, refs: list, tiles: dict) -> str:
+    def run():
+        return attend(**tiles)
     try:
         outs = run()
     except Exception as e:  # a tile this GPU cannot hold: say so, sweep on
         return f"({type(e).__name__})"
-    if rope:  # its own reference: the new token rotated and written first
-        refs = [triton_decode.rope_decode_attention(*step, max_len=L, num_splits=1)
-                for step in steps]
     err = max(float((o.float() - r.float()).norm() / r.float().norm())
               for o, r in zip(outs, refs))
-    us = do_bench_cudagraph(run, rep=100, return_mode="median") * 1e3 / len(cases)
+    us = do_bench_cudagraph(run, rep=100, return_mode="median") * 1e3 / len(refs)
     return f"{us:.1f}" + ("" if err < 1e-2 else " (err)")
 
 

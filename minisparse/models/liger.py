@@ -71,11 +71,11 @@ def _patch_instance(model: nn.Module, family: str) -> None:
     getattr(monkey_patch, f"apply_liger_kernel_to_{family}")(
         rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
         fused_linear_cross_entropy=False, model=model)
-    liger_rope = _triton_rope() if hf.apply_rotary_pos_emb is not saved[names[0]] else None
+    patched_rope = hf.apply_rotary_pos_emb is not saved["apply_rotary_pos_emb"]
     for name, value in saved.items():
         setattr(hf, name, value)
-    if liger_rope is not None:
-        hf.apply_rotary_pos_emb = _rope_on_cuda(liger_rope, saved["apply_rotary_pos_emb"])
+    if patched_rope:
+        hf.apply_rotary_pos_emb = _rope_on_cuda(_triton_rope(), saved["apply_rotary_pos_emb"])
 
 
 def _triton_rope() -> Callable:

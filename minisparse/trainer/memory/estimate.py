@@ -172,10 +172,12 @@ def rollout_cache_tokens(cfg: Config) -> int:
 AUTO_LOGPROB_TOKENS = 16384
 
 
-def logprob_budget(cfg: Config) -> int:
-    """logprob_max_tokens_per_gpu, or auto's max(max_tokens_per_gpu, AUTO_LOGPROB_TOKENS);
-    the memory plan may give the passes less."""
-    return cfg.logprob_max_tokens_per_gpu or max(cfg.max_tokens_per_gpu, AUTO_LOGPROB_TOKENS)
+def logprob_budget(cfg: Config, planned: bool = True) -> int:
+    """logprob_max_tokens_per_gpu, or auto's max(max_tokens_per_gpu, AUTO_LOGPROB_TOKENS)
+    (without a memory plan, which would check the room: max_tokens_per_gpu); the plan
+    may give the passes less."""
+    auto = AUTO_LOGPROB_TOKENS if planned else 0
+    return cfg.logprob_max_tokens_per_gpu or max(cfg.max_tokens_per_gpu, auto)
 
 
 def lora_sizes(shape: ModelShape, lora: LoraConfig) -> tuple[int, int]:

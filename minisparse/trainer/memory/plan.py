@@ -51,9 +51,9 @@ from minisparse.trainer.memory import report
 from minisparse.trainer.memory.choices import (PHASES, MemoryPlan, Option, allowed_options,
                                                best_peak, largest, option_peak, round_down)
 from minisparse.trainer.memory.estimate import (GIB, Setup, all_or_none, backward_peak,
-                                                host_memory, kv_tokens, logprob_peak,
-                                                rollout_kv_need, rollout_peak, setup_of,
-                                                shape_of, step_peak, update_peak)
+                                                host_memory, kv_tokens, logprob_budget,
+                                                logprob_peak, rollout_kv_need, rollout_peak,
+                                                setup_of, shape_of, step_peak, update_peak)
 from minisparse.trainer.train_engine import cpu_adam_of, zero_stage_of
 from minisparse.utils.distributed import Max, all_reduce
 
@@ -144,7 +144,7 @@ def not_planned(cfg: Config) -> MemoryPlan:
     return MemoryPlan(gradient_checkpointing=cfg.model.gradient_checkpointing == "true",
                       optimizer_offload=cfg.optimizer_offload == "true",
                       cpu_adam=cpu_adam_of(cfg),
-                      logprob_tokens=cfg.logprob_max_tokens_per_gpu or cfg.max_tokens_per_gpu,
+                      logprob_tokens=logprob_budget(cfg, planned=False),
                       update_tokens=cfg.max_tokens_per_gpu,
                       zero_stage=zero_stage_of(cfg))
 
