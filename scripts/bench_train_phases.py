@@ -166,8 +166,13 @@ def build(cfg) -> train.Run:
     ref = None
     if cfg.loss.kl_coef > 0:
         ref = Reference(copy.deepcopy(policy).to("cpu").eval().requires_grad_(False), device)
-    engine = build_train_engine(policy, cfg, cfg.num_rollout * cfg.num_steps_per_rollout, device)
-    plan = not_planned(cfg)
+    # the plan's ZeRO stage and optimizer offload, as train.py builds them (a 24 GB cap
+    # cannot hold AdamW's state beside the weights); each variant plans its budgets again
+    plan = plan_memory(cfg, device, dist.world_size(), ref is not None)
+    if plan.setup is None:
+        plan = not_planned(cfg)
+    engine = build_train_engine(policy, cfg, cfg.num_rollout * cfg.num_steps_per_rollout,
+                                device, plan.zero_stage, plan.cpu_adam)
     return train.Run(
         cfg=cfg, device=device, train_engine=engine, swaps=Swaps(engine, device, plan.keep_state),
         reference=ref, llm=None, plan=plan, tokenizer=tokenizer, rows=[],

@@ -92,8 +92,9 @@ def test_training_rope_is_liger_triton_kernel_not_its_dispatcher(tiny, monkeypat
     import types
 
     hf = importlib.import_module("transformers.models.qwen2.modeling_qwen2")
-    monkeypatch.setattr(hf, "apply_rotary_pos_emb", hf.apply_rotary_pos_emb)  # restored after
     calls = []
+    # a plain RoPE (on a GPU an earlier test may have left Liger's patch in place); restored after
+    monkeypatch.setattr(hf, "apply_rotary_pos_emb", lambda q, k, *a, **kw: calls.append("plain"))
 
     def apply_liger_kernel_to_qwen2(**kwargs):
         hf.apply_rotary_pos_emb = lambda q, k, *a, **kw: calls.append("dispatcher")
