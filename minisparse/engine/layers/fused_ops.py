@@ -84,9 +84,10 @@ _TILE = 128  # output rows and columns per tile of the GEMM kernels cuBLAS picks
 def split_k_parts(rows: int, out_features: int, in_features: int, num_sms: int) -> int:
     """How many parts split_k_linear should use for a [rows, in] x [in, out] product: the
     most parts (a power of two) whose output tiles still fit in one wave over the SMs, each
-    part at least MIN_SPLIT_INNER deep; 1 means F.linear. Measured on an H200
-    (scripts/sweep_split_k.py): the down projection of the 3B shape at 16-512 rows gains
-    1.06-1.15x with its norm, and q/k/v and o (inner 2,048) lose when split."""
+    part at least MIN_SPLIT_INNER deep; 1 means F.linear. Measured on an H200 (the sweep:
+    `git show a66bdc1^:scripts/sweep_split_k.py`): the down projection of the 3B shape at
+    16-512 rows gains 1.06-1.15x with its norm, and q/k/v and o (inner 2,048) lose when
+    split."""
     tiles = -(-rows // _TILE) * -(-out_features // _TILE)
     parts = 1
     while (2 * parts * tiles <= num_sms and in_features % (2 * parts) == 0

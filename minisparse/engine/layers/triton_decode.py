@@ -315,8 +315,8 @@ def _launch(q, stride_qb, stride_qh, out, k_cache, v_cache, page_table, rows, ca
 def shape_constants(h_q: int, h_kv: int, head_dim: int, page_size: int, block_n: int,
                     num_splits: int) -> dict:
     """The kernel's compile-time constants that follow from the shapes and the tiling
-    (one place for _launch and scripts/kernel_resources.py, which compiles the same
-    variant offline)."""
+    (an offline compile of the same variant, to read its registers and shared memory,
+    takes them from here: `git show a66bdc1^:scripts/kernel_resources.py`)."""
     group = h_q // h_kv
     return dict(G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim,
                 PAGE=page_size, BLOCK_N=block_n, SINGLE=num_splits == 1, HKV=h_kv,
