@@ -49,8 +49,8 @@ def test_qwen1_5b_on_24gb_takes_cpu_adam_by_hand(shapes):
     step: + the bucket and one gradient's fp32 copy 4VH (with the staging 8VH): 8.42 GiB.
     ZeRO 2 would fit without checkpointing (no gradients on the GPU: 20.58 GiB) but copy
     4P bytes over PCIe after every micro-batch. The host holds 20P + the reference model
-    2P: 31.63 GiB."""
-    cfg, s = _setup(shapes, "qwen1.5b_rkv")
+    2P: 31.63 GiB. (The config's own 10,240-token micro-batches: 10 layers.)"""
+    cfg, s = _setup(shapes, "qwen1.5b_rkv", "max_tokens_per_gpu=8192")
     p, vh = 1_543_714_304, 151_936 * 1536
     assert s.shape.params == p and 22 * p == 33_961_714_688
     plan = plan_zero_stage(cfg, s, 24 * GIB, "24 GB", host=HOST)
@@ -107,9 +107,9 @@ def test_qwen3b_on_48gb_takes_cpu_adam_by_hand(shapes):
 # (config, GB) -> (CPU Adam, ZeRO stage, checkpointed layers): the update's choices do not
 # depend on compression, so each dense twin plans as its R-KV config but for the rollout
 @pytest.mark.parametrize("gb,model,cpu_adam,zero,layers", [
-    (24, "qwen1.5b", True, 1, 5),
-    (40, "qwen1.5b", False, 2, 7),  # AdamW fits on the GPU: 7 of 28 layers checkpointed
-    (48, "qwen1.5b", False, 1, 0),
+    (24, "qwen1.5b", True, 1, 10),  # 10,240-token micro-batches (8,192: 5 layers)
+    (40, "qwen1.5b", False, 2, 12),  # AdamW fits on the GPU: 12 of 28 layers checkpointed
+    (48, "qwen1.5b", False, 2, 1),  # (ZeRO 1 would checkpoint more)
     (24, "qwen3b", True, 1, 28),  # (ZeRO 2 would checkpoint 18, moving gradients each
     (40, "qwen3b", True, 1, 6),   # micro-batch: ZeRO 1 recomputes instead)
     (48, "qwen3b", True, 1, 0),
@@ -125,7 +125,7 @@ def test_the_paper_configs_plan_on_24_40_and_48gb(shapes, gb, model, cpu_adam, z
     # (the rollout's pool is a share of what is free at the time, HEADROOM aside)
     assert plan.peaks["rollout"] <= gb * GIB
     if layers:  # the fewest that fit
-        assert backward_peak(plan.setup, 8192, layers - 1, False) > plan.usable
+        assert backward_peak(plan.setup, plan.update_tokens, layers - 1, False) > plan.usable
     if cpu_adam:  # nothing to swap: the rollout's pool gets the rest beside the weights
         assert plan.keep_state and "CPU Adam's gradient staging buffer" in plan_table(plan)
     elif rollout == "dense":  # dense KV (5,136 tokens x 256) leaves no room for the state
