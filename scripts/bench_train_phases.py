@@ -45,9 +45,8 @@ from minisparse.models.loading import load_policy
 from minisparse.utils import distributed as dist
 from minisparse.trainer.logprobs import batch_logprobs
 from minisparse.trainer.measure import phase
-from minisparse.trainer.memory.choices import MemoryPlan
 from minisparse.trainer.memory.phases import Swaps
-from minisparse.trainer.memory.plan import not_planned, plan_memory
+from minisparse.trainer.memory.plan import plan_memory
 from minisparse.trainer.policy import Reference
 from minisparse.trainer.train_engine import build_train_engine
 
@@ -99,12 +98,6 @@ def synthetic_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed
     )
 
 
-def _plan(cfg, device: torch.device, reference: bool) -> MemoryPlan:
-    """The memory plan train.py would make; with no GPU, the settings as given."""
-    plan = plan_memory(cfg, device, dist.world_size(), reference)
-    return not_planned(cfg) if plan.setup is None else plan
-
-
 def apply_variant(run: train.Run, name: str) -> str:
     """Set the variant up; returns the attention it runs (use_attention's words) and the
     layers checkpointed."""
@@ -113,7 +106,7 @@ def apply_variant(run: train.Run, name: str) -> str:
     module = run.train_engine.module
     cfg.max_tokens_per_gpu, cfg.logprob_max_tokens_per_gpu = v.max_tokens, v.logprob_tokens
     cfg.model = dataclasses.replace(cfg.model, attention=v.attention, gradient_checkpointing="auto")
-    run.plan = _plan(cfg, run.device, run.reference is not None)
+    run.plan = plan_memory(cfg, run.device, dist.world_size(), run.reference is not None)
     layers = {"plan": run.plan.checkpointed_layers if run.plan.gradient_checkpointing else 0,
               "all": None, "none": 0}[v.checkpointing]
     run.plan.update_tokens = v.max_tokens  # (the plan's log-prob budget: train.py's)
@@ -173,7 +166,7 @@ def build(cfg) -> train.Run:
         ref = Reference(copy.deepcopy(policy).to("cpu").eval().requires_grad_(False), device)
     # the plan's ZeRO stage and optimizer offload, as train.py builds them (a 24 GB cap
     # cannot hold AdamW's state beside the weights); each variant plans its budgets again
-    plan = _plan(cfg, device, ref is not None)
+    plan = plan_memory(cfg, device, dist.world_size(), ref is not None)
     engine = build_train_engine(policy, cfg, cfg.num_rollout * cfg.num_steps_per_rollout,
                                 device, plan.zero_stage, plan.cpu_adam)
     return train.Run(
