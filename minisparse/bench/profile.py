@@ -73,6 +73,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def batch_sizes(args: argparse.Namespace) -> list[int]:
+    """--batch as integers; the engine's sequence rows (--max-num-seqs) sized to the
+    largest, since the page table has that many rows and a batch past it would index
+    beyond them. A --max-num-seqs given below it is refused, naming both."""
+    try:
+        batches = [int(x) for x in args.batch.split(",")]
+    except ValueError:
+        raise SystemExit(f"error: --batch {args.batch!r}: comma-separated integers expected")
+    if not batches or min(batches) < 1:
+        raise SystemExit(f"error: --batch {args.batch!r}: batch sizes must be at least 1")
+    rows = getattr(args, "engine.max_num_seqs")
+    if rows is None:
+        setattr(args, "engine.max_num_seqs", max(batches, default=1))
+    elif int(rows) < max(batches):
+        raise SystemExit(f"error: --batch {max(batches)} needs --max-num-seqs of at least "
+                         f"{max(batches)} (given {rows}); leave it out to size it to the batch")
+    return batches
+
+
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
     """Median CUDA-event time of fn() in ms, after 3 untimed calls."""
     return median_seconds(fn, repeats) * 1e3
@@ -205,6 +224,7 @@ def print_kernels(r: dict, top: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    batches = batch_sizes(args)
     if not torch.cuda.is_available():
         raise SystemExit("error: the profile needs a CUDA GPU (kernel times come from CUPTI)")
     from minisparse.models.loading import load_policy
@@ -224,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{kv} KV bytes a token")
     result = dict(model=cfg.model.path, compress=cfg.compress.algorithm,
                   fused_kernels=cfg.engine.fused_kernels, copy_gbs=bandwidth / 1e9, steps=[])
-    for b in (int(x) for x in args.batch.split(",")):
+    for b in batches:
         r = profile_batch(engine, b, length, args, sp, bandwidth, weights, kv)
         print_step(r, args.top)
         result["steps"].append(r)

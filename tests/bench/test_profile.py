@@ -68,3 +68,20 @@ def test_too_many_caches_for_the_pool_is_one_line():
 def test_without_a_gpu_the_profile_says_so():
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         profile.main(["--model", "tiny"])
+
+
+def test_the_engine_gets_a_row_for_every_sequence_of_the_largest_batch():
+    args = profile.build_parser().parse_args(["--batch", "512,1024"])
+    assert profile.batch_sizes(args) == [512, 1024]
+    assert getattr(args, "engine.max_num_seqs") == 1024  # the page table's rows
+    assert profile.bench_config(args).engine.max_num_seqs == 1024
+
+
+def test_a_batch_past_the_engine_rows_given_is_refused_naming_both():
+    args = profile.build_parser().parse_args(["--batch", "16,1024", "--max-num-seqs", "512"])
+    with pytest.raises(SystemExit, match="--batch 1024 needs --max-num-seqs of at least 1024 "
+                                         r"\(given 512\)"):
+        profile.batch_sizes(args)
+    args = profile.build_parser().parse_args(["--batch", "16,x"])
+    with pytest.raises(SystemExit, match="comma-separated integers"):
+        profile.batch_sizes(args)
