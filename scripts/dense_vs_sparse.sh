@@ -28,6 +28,7 @@
 #   LIMIT_S   seconds a run may take (0: no limit)
 #   EXTRA     more train.py flags for both runs
 #   RUNS      which runs to start now ("sparse dense"); the others' results are read from ROOT
+#             (RUNS="" starts none: the tables and the ratio of the runs already in ROOT)
 #   AT_ONCE   1: both at once where there are two GPUs (default); 0: one after the other
 #   PORT      the compressed run's MASTER_PORT, the dense run's is PORT + 1 (29631): two
 #             pairs on one machine need their own
@@ -37,7 +38,7 @@ cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-qwen3b_rkv}; MODEL=${MODEL:-qwen2.5-3b}; LEN=${LEN:-4096}
 PROMPTS=${PROMPTS:-32}; ROLLOUTS=${ROLLOUTS:-2}; ROOT=${ROOT:-/tmp/dense_vs_sparse}
 DATA=${DATA:-data/simplelr_qwen_level3to5.jsonl}; LIMIT_S=${LIMIT_S:-0}
-RUNS=${RUNS:-sparse dense}; AT_ONCE=${AT_ONCE:-1}; PORT=${PORT:-29631}
+RUNS=${RUNS-sparse dense}; AT_ONCE=${AT_ONCE:-1}; PORT=${PORT:-29631}
 for name in $RUNS; do
     case $name in sparse|dense) ;; *) echo "RUNS: '$name' is not sparse or dense" >&2; exit 2 ;; esac
 done

@@ -50,7 +50,7 @@ def test_tiny_pair_prints_both_runs_and_the_ratio(tmp_path):
 def test_pair_split_over_two_commands(tmp_path):
     """RUNS=sparse now and RUNS=dense later (two jobs under a time limit): the first
     prints no ratio and succeeds, the second reads the first's metrics for the ratio; a
-    dense run of more rollouts gets none."""
+    dense run of more rollouts gets none; RUNS="" only reads what ROOT holds."""
     env = _tiny_env(tmp_path)
     first = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env={**env, "RUNS": "sparse"},
                            capture_output=True, text=True, timeout=300)
@@ -69,6 +69,13 @@ def test_pair_split_over_two_commands(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert third.returncode == 1 and "dense / compressed" not in third.stdout
     assert "last rollouts differ (compressed 1, dense 2)" in third.stderr
+    runs = {name: (tmp_path / name / "metrics.jsonl").read_text() for name in ("sparse", "dense")}
+    tables = subprocess.run(["bash", str(SCRIPT)], cwd=REPO,
+                            env={**env, "RUNS": "", "ROLLOUTS": "2"},
+                            capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 1 and "exit" not in tables.stdout  # RUNS="": nothing started
+    assert "last rollouts differ (compressed 1, dense 2)" in tables.stderr
+    assert {name: (tmp_path / name / "metrics.jsonl").read_text() for name in runs} == runs
 
 
 def test_bad_settings_exit_2_naming_them(tmp_path):
