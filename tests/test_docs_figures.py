@@ -349,3 +349,29 @@ def test_the_base_models_figures_are_their_records():
     ends = [100 - 100 * BASE[f"train_{s}"]["simplelr_qwen_level3to5"]["truncated_fraction"]
             for s in ("1.5b", "0.5b")]
     _says(section, f"it ends {ends[0]:.1f}% of its answers (the 0.5B {ends[1]:.1f}%)")
+
+
+BENCH_PAIRS = REPO / "docs" / "runs" / "bench" / "pairs"
+
+
+def _step_medians(pair: str, rollouts: tuple[int, ...]) -> dict[str, dict[str, float]]:
+    """Per run of a bench pair (dense, sparse): the median over `rollouts` of its step and
+    rollout seconds."""
+    out = {}
+    for run in ("dense", "sparse"):
+        rows = [r for r in read_metrics(BENCH_PAIRS / pair / run) if r["rollout"] in rollouts]
+        assert len(rows) == len(rollouts), (pair, run)
+        out[run] = {key: statistics.median(r[f"time/{key}_s"] for r in rows)
+                    for key in ("step", "rollout")}
+    return out
+
+
+@pytest.mark.parametrize("pair,rollouts,label", [
+    ("qwen1.5b_random_24gb_10k", (2, 3), "| GRPO step, CPU Adam, liger-kernel + flash-attn-4"),
+    ("qwen1.5b_random_24gb_1024_halves_at_once_10k", (1,), "| GRPO step of those 1,024"),
+])
+def test_the_24gb_step_rows_are_their_records(pair, rollouts, label):
+    m = _step_medians(pair, rollouts)
+    dense, sparse = m["dense"]["step"], m["sparse"]["step"]
+    row = _cells(_doc_row(README, label))
+    assert row[4:7] == [f"{dense:.1f} s", f"{sparse:.1f} s", f"{dense / sparse:.2f}x"]
