@@ -375,3 +375,18 @@ def test_the_24gb_step_rows_are_their_records(pair, rollouts, label):
     dense, sparse = m["dense"]["step"], m["sparse"]["step"]
     row = _cells(_doc_row(README, label))
     assert row[4:7] == [f"{dense:.1f} s", f"{sparse:.1f} s", f"{dense / sparse:.2f}x"]
+
+
+@pytest.mark.parametrize("budget", ["8,192", "10,240"])
+def test_the_1024_sample_step_table_is_its_records(budget):
+    """The rows of "One GPU, the paper's whole rollout": each phase of the one rollout."""
+    pair = BENCH_PAIRS / f"qwen1.5b_random_24gb_1024_halves_at_once_{budget[:-4]}k"
+    for run, label in (("dense", "dense"), ("sparse", "R-KV")):
+        (r,) = read_metrics(pair / run)
+        preempted = f"{r['perf/preemptions']:,.0f} preemptions" if r["perf/preemptions"] else "none"
+        cells = [c.replace("*", "") for c in _cells(_doc_row(BENCHMARKS, f"| {label}, {budget} |"))]
+        assert cells[1:] == [
+            f"{r['time/rollout_s']:.1f} s ({r['perf/rollout_tokens_per_s']:,.0f} tokens/s, "
+            f"{preempted})", f"{r['time/logprobs_s']:.1f} s",
+            f"{r['time/update_s']:.1f} s ({100 * r['perf/update_mfu']:.0f}%)",
+            f"{r['time/step_s']:.1f} s"]
