@@ -354,16 +354,11 @@ def test_the_base_models_figures_are_their_records():
 BENCH_PAIRS = REPO / "docs" / "runs" / "bench" / "pairs"
 
 
-def _step_medians(pair: str, rollouts: tuple[int, ...]) -> dict[str, dict[str, float]]:
-    """Per run of a bench pair (dense, sparse): the median over `rollouts` of its step and
-    rollout seconds."""
-    out = {}
-    for run in ("dense", "sparse"):
-        rows = [r for r in read_metrics(BENCH_PAIRS / pair / run) if r["rollout"] in rollouts]
-        assert len(rows) == len(rollouts), (pair, run)
-        out[run] = {key: statistics.median(r[f"time/{key}_s"] for r in rows)
-                    for key in ("step", "rollout")}
-    return out
+def _step_median(pair: str, run: str, rollouts: tuple[int, ...]) -> float:
+    """The median step seconds over `rollouts` of a bench pair's run (dense, sparse)."""
+    rows = [r for r in read_metrics(BENCH_PAIRS / pair / run) if r["rollout"] in rollouts]
+    assert len(rows) == len(rollouts), (pair, run)
+    return statistics.median(r["time/step_s"] for r in rows)
 
 
 @pytest.mark.parametrize("pair,rollouts,label", [
@@ -371,8 +366,7 @@ def _step_medians(pair: str, rollouts: tuple[int, ...]) -> dict[str, dict[str, f
     ("qwen1.5b_random_24gb_1024_halves_at_once_10k", (1,), "| GRPO step of those 1,024"),
 ])
 def test_the_24gb_step_rows_are_their_records(pair, rollouts, label):
-    m = _step_medians(pair, rollouts)
-    dense, sparse = m["dense"]["step"], m["sparse"]["step"]
+    dense, sparse = (_step_median(pair, run, rollouts) for run in ("dense", "sparse"))
     row = _cells(_doc_row(README, label))
     assert row[4:7] == [f"{dense:.1f} s", f"{sparse:.1f} s", f"{dense / sparse:.2f}x"]
 

@@ -81,14 +81,14 @@ def batch_sizes(args: argparse.Namespace) -> list[int]:
         batches = [int(x) for x in args.batch.split(",")]
     except ValueError:
         raise SystemExit(f"error: --batch {args.batch!r}: comma-separated integers expected")
-    if not batches or min(batches) < 1:
+    if min(batches) < 1:
         raise SystemExit(f"error: --batch {args.batch!r}: batch sizes must be at least 1")
-    rows = getattr(args, "engine.max_num_seqs")
+    largest, rows = max(batches), getattr(args, "engine.max_num_seqs")
     if rows is None:
-        setattr(args, "engine.max_num_seqs", max(batches, default=1))
-    elif int(rows) < max(batches):
-        raise SystemExit(f"error: --batch {max(batches)} needs --max-num-seqs of at least "
-                         f"{max(batches)} (given {rows}); leave it out to size it to the batch")
+        setattr(args, "engine.max_num_seqs", largest)
+    elif int(rows) < largest:
+        raise SystemExit(f"error: --batch {largest} needs --max-num-seqs of at least "
+                         f"{largest} (given {rows}); leave it out to size it to the batch")
     return batches
 
 
