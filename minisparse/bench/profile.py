@@ -10,7 +10,8 @@ pages spread over the pool; with compression, at most the compression bound), th
   - step: the decode step as rollouts run it (the CUDA graph the engine captures, or the
     eager step with --no-cuda-graphs), median of --steps timed with CUDA events;
   - kernels: the same step run eagerly under torch.profiler, each kernel's device time
-    per step and its share (eager launches add gaps between kernels, not kernel time);
+    per step and its share (eager launches add gaps between kernels, not kernel time),
+    and each part's time inside the CUDA graph's replay where the profiler sees it;
   - bound: the weights plus the B caches read once at the copy bandwidth measured here;
   - with --compress, one compaction event of all B sequences at the length where it
     falls due (budget + divide_length), timed and split by kernel the same way; with
@@ -163,12 +164,13 @@ def profile_batch(engine: LLMEngine, batch: int, length: int, args, sp: Sampling
     with torch.inference_mode():
         step_ms = median_ms(step, args.steps)
         kernels = kernel_table(eager, 10)
+        in_graph = by_kind(kernel_table(step, 10)) if graphs else {}
     bound_ms = (weight_bytes + batch * length * kv_token) / bandwidth * 1e3
     return dict(batch=batch, cache_len=length, cuda_graph=graphs, step_ms=step_ms,
                 tokens_per_s=batch / step_ms * 1e3, bound_ms=bound_ms,
                 bound_fraction=bound_ms / step_ms,
                 kernel_us=sum(r["us"] for r in kernels), kinds=by_kind(kernels),
-                kernels=kernels)
+                graph_kinds=in_graph, kernels=kernels)
 
 
 def profile_compaction(engine: LLMEngine, batch: int, fused: bool) -> dict:
@@ -211,10 +213,12 @@ def print_step(r: dict, top: int) -> None:
 
 def print_kernels(r: dict, top: int) -> None:
     total = sum(r["kinds"].values()) or 1.0
-    print("| part | us / step | share |")
-    print("|---|---|---|")
+    graph = r.get("graph_kinds") or {}
+    print("| part | us / step | share |" + (" in the CUDA graph, us |" if graph else ""))
+    print("|---|---|---|" + ("---|" if graph else ""))
     for kind, us in r["kinds"].items():
-        print(f"| {kind} | {us:.1f} | {100 * us / total:.1f}% |")
+        print(f"| {kind} | {us:.1f} | {100 * us / total:.1f}% |"
+              + (f" {graph.get(kind, 0.0):.1f} |" if graph else ""))
     print("\n| kernel | launches | us | share |")
     print("|---|---|---|---|")
     for k in r["kernels"][:top]:

@@ -35,6 +35,19 @@ def test_parts_sum_their_kernels_largest_first():
     assert list(profile.by_kind(rows).items()) == [("GEMM", 5.5), ("attention", 4.0)]
 
 
+def test_parts_inside_the_cuda_graph_print_beside_the_eager_ones(capsys):
+    kernels = [dict(kernel="_split_kernel", launches=28, us=896.0, share=0.6),
+               dict(kernel="nvjet_gemm", launches=28, us=600.0, share=0.4)]
+    step = dict(kinds={"attention": 896.0, "GEMM": 600.0}, kernels=kernels,
+                graph_kinds={"attention": 756.0, "GEMM": 598.5})
+    profile.print_kernels(step, top=2)
+    parts = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert parts[0] == "| part | us / step | share | in the CUDA graph, us |"
+    assert parts[2:] == ["| attention | 896.0 | 59.9% | 756.0 |", "| GEMM | 600.0 | 40.1% | 598.5 |"]
+    profile.print_kernels(dict(step, graph_kinds={}), top=2)  # eager: no graph column
+    assert capsys.readouterr().out.splitlines()[0] == "| part | us / step | share |"
+
+
 def test_compaction_is_scored_each_way_asked_where_the_fused_kernel_serves(monkeypatch):
     pool = SimpleNamespace(k=torch.zeros(1, 1, 1, 16))
     rkv = build_rule(CompressConfig(algorithm="rkv"))
