@@ -354,21 +354,49 @@ def test_the_base_models_figures_are_their_records():
 BENCH_PAIRS = REPO / "docs" / "runs" / "bench" / "pairs"
 
 
-def _step_median(pair: str, run: str, rollouts: tuple[int, ...]) -> float:
-    """The median step seconds over `rollouts` of a bench pair's run (dense, sparse)."""
+def _step_median(pair: str, run: str, rollouts: tuple[int, ...],
+                 key: str = "time/step_s") -> float:
+    """The median of `key` (step seconds) over `rollouts` of a bench pair's run (dense,
+    sparse)."""
     rows = [r for r in read_metrics(BENCH_PAIRS / pair / run) if r["rollout"] in rollouts]
     assert len(rows) == len(rollouts), (pair, run)
-    return statistics.median(r["time/step_s"] for r in rows)
+    return statistics.median(r[key] for r in rows)
 
 
 @pytest.mark.parametrize("pair,rollouts,label", [
-    ("qwen1.5b_random_24gb_10k", (2, 3), "| GRPO step, CPU Adam, liger-kernel + flash-attn-4"),
+    ("qwen1.5b_random_24gb_10k", (2, 3),
+     "| GRPO step, CPU Adam, liger-kernel + flash-attn-4, median of rollouts 2-3"),
     ("qwen1.5b_random_24gb_1024_halves_at_once_10k", (1,), "| GRPO step of those 1,024"),
+    ("qwen1.5b_real_24gb_gpu_stack", (2, 3, 4),
+     "| GRPO step, CPU Adam, liger-kernel + flash-attn-4, median of rollouts 2-4"),
+    ("coder1.5b_real_gpu_stack", (2, 3, 4), "| GRPO step, liger-kernel + flash-attn-4, median"),
+    ("qwen1.5b_real_24gb_1024_gpu_stack", (1,), "| GRPO step of 1,024 samples"),
 ])
-def test_the_24gb_step_rows_are_their_records(pair, rollouts, label):
+def test_the_step_pair_rows_are_their_records(pair, rollouts, label):
+    """README's step pairs: dense, R-KV, their ratio, and the rollouts' where it is given."""
     dense, sparse = (_step_median(pair, run, rollouts) for run in ("dense", "sparse"))
     row = _cells(_doc_row(README, label))
-    assert row[4:7] == [f"{dense:.1f} s", f"{sparse:.1f} s", f"{dense / sparse:.2f}x"]
+    assert row[4:6] == [f"{dense:.1f} s", f"{sparse:.1f} s"]
+    ratio, _, rollout = row[6].partition(" (rollout ")
+    assert ratio == f"{dense / sparse:.2f}x"
+    if rollout:
+        d, s = (_step_median(pair, run, rollouts, "time/rollout_s") for run in ("dense", "sparse"))
+        assert rollout == f"{d / s:.2f}x)"
+
+
+def test_the_real_1024_sample_table_is_its_records():
+    """The real-weight rows of "One GPU, the paper's whole rollout"."""
+    pair = BENCH_PAIRS / "qwen1.5b_real_24gb_1024_gpu_stack"
+    for run, label in (("dense", "dense"), ("sparse", "R-KV")):
+        (r,) = read_metrics(pair / run)
+        table = BENCHMARKS[BENCHMARKS.index("| 1,024 real samples, 24 GB |"):]
+        cells = [c.replace("*", "") for c in _cells(_doc_row(table, f"| {label} |"))]
+        assert cells[1:] == [
+            f"{r['time/rollout_s']:.1f} s ({r['perf/rollout_tokens_per_s']:,.0f} tokens/s, none)",
+            f"{r['time/logprobs_s']:.1f} s",
+            f"{r['time/update_s']:.1f} s ({100 * r['perf/update_mfu']:.0f}%)",
+            f"{r['time/step_s']:.1f} s"]
+        assert r["perf/preemptions"] == 0
 
 
 @pytest.mark.parametrize("budget", ["8,192", "10,240"])
