@@ -3,7 +3,7 @@
 # each (scripts/peer_loss.py). Node 1's worker is frozen (SIGSTOP) or killed (SIGKILL) as
 # rollout 2 or its update starts; `sigterm`: node 1 dies, then node 0 gets SIGTERM. Per
 # case: node 0's exit code, seconds from the signal to its exit (expected: the peer
-# timeout plus seconds; sigterm: the stop's limit, 15 s, plus a second), its last line
+# timeout plus seconds; sigterm: the stop's limit, 15 s, plus seconds), its last line
 # and the resume's rollouts (1 2 3); then whether any process still holds a GPU.
 #
 #   bash scripts/gpu_peer_loss.sh                      # SIGSTOP as rollout 2 starts
