@@ -92,10 +92,25 @@ def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale) -> torch.Tensor:
     return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scale, **extra)
 
 
+# What CuTe DSL (under flash-attn-4) says at each kernel build: it passes an argument
+# type it cannot convert some other way. Four long lines a build in every run's log, and
+# nothing a user can act on.
+CUTE_BUILD_NOTICE = r"Argument aux_data \(position \d+\) cannot be converted to a JitArgument"
+
+
+@lru_cache(maxsize=None)
+def quiet_cute_builds() -> None:
+    """Leave CuTe DSL's build notice out of the run's output (other warnings stay); once
+    a process, as each new filter resets Python's record of warnings already shown."""
+    warnings.filterwarnings("ignore", message=CUTE_BUILD_NOTICE, category=UserWarning)
+
+
 def _flash_varlen(q, k, v, cu_seqlens, max_seqlen, scale) -> torch.Tensor:
     """flash-attn-4 on [T, H, D] rows; GQA (fewer KV heads) is native. Releases differ in
     returning out or (out, lse)."""
     from flash_attn.cute import flash_attn_varlen_func
+
+    quiet_cute_builds()
 
     out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
                                  max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,

@@ -141,7 +141,7 @@ class StopOnSignal:
         """The end of a droppable block, at which the ranks meet: a stop before every
         rank is here drops the block on all; after, the update runs on all, then stops."""
         def all_in() -> None:
-            torch.distributed.barrier()
+            dist.device_barrier()
             self.state = FINISH  # before the uncut block ends and a pending stop acts
 
         if dist.is_distributed():

@@ -247,9 +247,19 @@ def all_gather_object(obj: Any) -> list[Any]:
     return gathered
 
 
+def device_barrier() -> None:
+    """dist.barrier on this rank's GPU under NCCL: named, NCCL need not guess the device
+    (and warn that it did, once per barrier, in every run's log)."""
+    device = _comm_device()
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
 def barrier() -> None:
     if is_distributed():
-        together(dist.barrier)
+        together(device_barrier)
 
 
 class Sum(float):

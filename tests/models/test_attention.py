@@ -188,3 +188,21 @@ def test_float32_policy_on_a_gpu_runs_per_sequence():
                          f"is float32; the varlen kernels run bfloat16 or float16)")
         torch.testing.assert_close(batch_logprobs(model, prompts, responses, 3, 64), want,
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_cute_build_notice_is_left_out_and_other_warnings_stay():
+    import warnings
+
+    from minisparse.models.attention import quiet_cute_builds
+
+    notice = ("Argument aux_data (position 17) cannot be converted to a JitArgument for "
+              "function 'cutlass___call___flash_attncuteflash_fwd_sm90'. Its type is not "
+              "supported.")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_cute_builds.cache_clear()
+        quiet_cute_builds()
+        warnings.warn(notice, UserWarning)
+        warnings.warn("Argument x cannot be converted", UserWarning)
+    quiet_cute_builds.cache_clear()  # the filter left with catch_warnings
+    assert [str(w.message) for w in seen] == ["Argument x cannot be converted"]
