@@ -1,7 +1,8 @@
 #!/bin/bash
 # What sparse rollouts buy per step: the same GRPO step run twice, with the config's
 # compressed rollouts and with dense ones (compress.algorithm=none), then each run's phase
-# times and the step-time ratio dense / compressed of the last rollout.
+# times and the step-time ratio dense / compressed of the last rollout (from ROLLOUTS=3
+# on, also of the medians over rollouts 2 to ROLLOUTS).
 #
 #   bash scripts/dense_vs_sparse.sh                            # qwen3b_rkv, 3B shape, 4k, 256 samples
 #   LEN=8192 bash scripts/dense_vs_sparse.sh                    # 8,192 new tokens
@@ -89,4 +90,9 @@ for name in sparse dense; do
     [ -f "$ROOT/$name/metrics.jsonl" ] && python3 -m scripts.phase_table \
         "$ROOT/$name/metrics.jsonl" --prefix perf/ --key compress/peak_cache_tokens_mean | tail -30
 done
-python3 -m scripts.pair_table "$ROOT" --expect "$RUNS"
+python3 -m scripts.pair_table "$ROOT" --expect "$RUNS"; status=$?
+# from 3 rollouts on, also each run's medians from rollout 2 (the first builds kernels)
+if [ "$ROLLOUTS" -ge 3 ] && [ -f "$ROOT/sparse/metrics.jsonl" ] && [ -f "$ROOT/dense/metrics.jsonl" ]; then
+    python3 -m scripts.pair_table "$ROOT" --rollouts "2-$ROLLOUTS" | tail -n 1
+fi
+exit $status

@@ -136,3 +136,38 @@ def test_pair_table_medians_over_repeated_pairs(tmp_path):
     assert elsewhere.returncode == 2
     assert elsewhere.stderr == (f"{tmp_path}: not a pair's folder (it holds no sparse/ or "
                                 "dense/ run)\n")
+
+
+def test_pair_table_medians_over_a_span_of_rollouts(tmp_path):
+    """--rollouts A-B: each column's median over those rollouts of each run, and the ratio
+    of the medians; a span a run did not finish is refused, naming it."""
+    _write_pair(tmp_path / "p", 20.0, 30.0, rollout=5)  # steps 17-20 and 27-30 s
+    root = str(tmp_path / "p")
+    res = subprocess.run([*PAIR_TABLE, root, "--rollouts", "2-4"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "| p | compressed | 18.0 | 10.0 | - | - | - | 400 | - |" in res.stdout.splitlines()
+    assert res.stdout.splitlines()[-1] == (
+        "p: rollouts 2-4 (medians): step dense 28.0 s, compressed 18.0 s: dense / compressed "
+        "1.56x (rollout 1.50x)")
+    short = subprocess.run([*PAIR_TABLE, root, "--rollouts", "2-6"], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+    assert short.returncode == 1
+    assert "sparse and dense did not finish rollouts 2-6" in short.stderr
+    bad = subprocess.run([*PAIR_TABLE, root, "--rollouts", "4-2"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "FIRST-LAST" in bad.stderr
+
+
+def test_from_three_rollouts_the_script_also_prints_the_medians_from_rollout_2(tmp_path):
+    _write_pair(tmp_path, 20.0, 30.0, rollout=4)  # rollouts 2-4 of both runs, read only
+    env = {**_tiny_env(tmp_path), "RUNS": "", "ROLLOUTS": "4"}
+    res = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    ratios = [line for line in res.stdout.splitlines() if "dense / compressed" in line]
+    assert ratios == [
+        f"{tmp_path.name}: rollout 4: step dense 30.0 s, compressed 20.0 s: dense / "
+        "compressed 1.50x (rollout 1.50x)",
+        f"{tmp_path.name}: rollouts 2-4 (medians): step dense 29.0 s, compressed 19.0 s: "
+        "dense / compressed 1.53x (rollout 1.50x)"]
