@@ -384,18 +384,24 @@ def test_the_step_pair_rows_are_their_records(pair, rollouts, label):
         assert rollout == f"{d / s:.2f}x)"
 
 
+def _phase_cells(r: dict) -> list[str]:
+    """A one-rollout step row's cells after its label, as docs/benchmarks.md prints them:
+    rollout (tokens/s, preemptions), log-probs, update (MFU), step."""
+    preempted = f"{r['perf/preemptions']:,.0f} preemptions" if r["perf/preemptions"] else "none"
+    return [f"{r['time/rollout_s']:.1f} s ({r['perf/rollout_tokens_per_s']:,.0f} tokens/s, "
+            f"{preempted})", f"{r['time/logprobs_s']:.1f} s",
+            f"{r['time/update_s']:.1f} s ({100 * r['perf/update_mfu']:.0f}%)",
+            f"{r['time/step_s']:.1f} s"]
+
+
 def test_the_real_1024_sample_table_is_its_records():
     """The real-weight rows of "One GPU, the paper's whole rollout"."""
     pair = BENCH_PAIRS / "qwen1.5b_real_24gb_1024_gpu_stack"
+    table = BENCHMARKS[BENCHMARKS.index("| 1,024 real samples, 24 GB |"):]
     for run, label in (("dense", "dense"), ("sparse", "R-KV")):
         (r,) = read_metrics(pair / run)
-        table = BENCHMARKS[BENCHMARKS.index("| 1,024 real samples, 24 GB |"):]
         cells = [c.replace("*", "") for c in _cells(_doc_row(table, f"| {label} |"))]
-        assert cells[1:] == [
-            f"{r['time/rollout_s']:.1f} s ({r['perf/rollout_tokens_per_s']:,.0f} tokens/s, none)",
-            f"{r['time/logprobs_s']:.1f} s",
-            f"{r['time/update_s']:.1f} s ({100 * r['perf/update_mfu']:.0f}%)",
-            f"{r['time/step_s']:.1f} s"]
+        assert cells[1:] == _phase_cells(r)
         assert r["perf/preemptions"] == 0
 
 
@@ -405,10 +411,5 @@ def test_the_1024_sample_step_table_is_its_records(budget):
     pair = BENCH_PAIRS / f"qwen1.5b_random_24gb_1024_halves_at_once_{budget[:-4]}k"
     for run, label in (("dense", "dense"), ("sparse", "R-KV")):
         (r,) = read_metrics(pair / run)
-        preempted = f"{r['perf/preemptions']:,.0f} preemptions" if r["perf/preemptions"] else "none"
         cells = [c.replace("*", "") for c in _cells(_doc_row(BENCHMARKS, f"| {label}, {budget} |"))]
-        assert cells[1:] == [
-            f"{r['time/rollout_s']:.1f} s ({r['perf/rollout_tokens_per_s']:,.0f} tokens/s, "
-            f"{preempted})", f"{r['time/logprobs_s']:.1f} s",
-            f"{r['time/update_s']:.1f} s ({100 * r['perf/update_mfu']:.0f}%)",
-            f"{r['time/step_s']:.1f} s"]
+        assert cells[1:] == _phase_cells(r)
