@@ -413,3 +413,28 @@ def test_the_1024_sample_step_table_is_its_records(budget):
         (r,) = read_metrics(pair / run)
         cells = [c.replace("*", "") for c in _cells(_doc_row(BENCHMARKS, f"| {label}, {budget} |"))]
         assert cells[1:] == _phase_cells(r)
+
+
+def test_the_prefill_kernel_table_is_the_record():
+    runs = json.loads((REPO / "docs/runs/bench/prefill_sdpa_real_1024.json").read_text())["runs"]
+    arms = {arm: [r for r in runs if r["arm"] == arm] for arm in ("torch", "engine")}
+
+    def median(arm, key):
+        return statistics.median(r[key] for r in arms[arm])
+
+    def spread(arm, key, fmt):
+        values = [r[key] for r in arms[arm]]
+        return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+
+    for arm, label in (("torch", "torch's pick (cuDNN)"), ("engine", "memory-efficient")):
+        cells = [c.replace("**", "") for c in _cells(_doc_row(BENCHMARKS, label))]
+        assert cells[1:] == [
+            f"{median(arm, 'wall_s'):.2f} s ({spread(arm, 'wall_s', '{:.2f}')})",
+            f"{median(arm, 'prefill_s'):.2f} s",
+            f"{median(arm, 'prefill_ms_per_step'):.0f} ms ({spread(arm, 'prefill_ms_per_step', '{:.0f}')})",
+            f"{median(arm, 'decode_s'):.2f} s"]
+    pairs = [t["wall_s"] / e["wall_s"] for t, e in zip(arms["torch"], arms["engine"])]
+    _says(BENCHMARKS,
+          f"the rollout **{median('torch', 'wall_s') / median('engine', 'wall_s'):.2f}x** faster "
+          f"({min(pairs):.2f}-{max(pairs):.2f}x a pair), prefill "
+          f"{median('torch', 'prefill_s') / median('engine', 'prefill_s'):.1f}x")

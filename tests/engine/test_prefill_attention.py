@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisparse.engine.layers.attention import AttnContext, _prefill_attention
+from minisparse.engine.layers.attention import AttnContext, _prefill_attention, prefill_sdpa
 
 
 def _case(starts: list[int], lens: list[int], h_q: int, h_kv: int, D: int, seed: int = 0):
@@ -49,3 +49,20 @@ def test_prefill_attention_equals_a_token_loop(h_q, h_kv):
     q, k, v, ctx = _case(starts, lens, h_q, h_kv, D=8)
     out = _prefill_attention(q, k, v, ctx, 0.3)
     torch.testing.assert_close(out, _loop(q, k, v, ctx, starts, lens, 0.3))
+
+
+def test_prefill_sdpa_keeps_cudnn_out_on_cuda_only():
+    """cuDNN's SDPA plans each new prefill shape anew (tens of ms a step on an H200): on
+    CUDA the prefill runs the memory-efficient kernel (math where it cannot); elsewhere
+    nothing changes."""
+    before = torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()
+    with prefill_sdpa(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert not torch.backends.cuda.flash_sdp_enabled()  # takes no mask
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    with prefill_sdpa(torch.device("cpu")):
+        assert (torch.backends.cuda.cudnn_sdp_enabled(),
+                torch.backends.cuda.flash_sdp_enabled()) == before
+    assert (torch.backends.cuda.cudnn_sdp_enabled(),
+            torch.backends.cuda.flash_sdp_enabled()) == before

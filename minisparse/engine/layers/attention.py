@@ -8,10 +8,12 @@ tokens per head, packed to the front) is attended exactly like a dense one.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minisparse.engine.layers.paged_decode import paged_decode_attention
 
@@ -77,5 +79,17 @@ def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     if G > 1:
         keys, values = keys.repeat_interleave(G, dim=1), values.repeat_interleave(G, dim=1)
     qp = q[ctx.q_index].transpose(1, 2)  # [B, H_q, T, D]
-    out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=ctx.mask, scale=scale)
+    with prefill_sdpa(q.device):
+        out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=ctx.mask, scale=scale)
     return out.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])[ctx.token_rows]
+
+
+def prefill_sdpa(device: torch.device):
+    """The SDPA kernels a prefill step may take on CUDA: the memory-efficient one (math
+    where it cannot run). torch picks cuDNN's for a masked call first, and cuDNN builds a
+    plan for each new (B, T, L), which nearly every prefill step of a rollout on new
+    prompts is: 67-86 ms a step against 20-32 ms in a 1,024-sample rollout of the real
+    1.5B on an H200 (docs/benchmarks.md, "A prefill step's attention kernel")."""
+    if device.type != "cuda":
+        return nullcontext()
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
