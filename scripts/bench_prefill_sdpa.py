@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import json
 import statistics
-import time
 
 import torch
 
@@ -29,6 +28,7 @@ from minisparse.config.load import load_config
 from minisparse.data.datasets import read_rows, render_prompt
 from minisparse.engine import LLMEngine, SamplingParams
 from minisparse.models.loading import load_policy
+from minisparse.trainer.measure import timed
 
 ARMS = ("torch", "engine")  # torch's SDPA choice, then the engine's (prefill_sdpa)
 WARMUP_PROMPTS = 16  # an untimed first rollout, on prompts no timed run gets
@@ -68,13 +68,7 @@ def run_once(engine: LLMEngine, prompts: list[list[int]], sp: SamplingParams,
     if arm == "torch":
         attention.prefill_sdpa = lambda device: contextlib.nullcontext()
     try:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        engine.generate(prompts, sp)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - start
+        wall = timed(lambda: engine.generate(prompts, sp), engine.device)
     finally:
         attention.prefill_sdpa = chosen
     s = engine.last_stats

@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 class _Engine:
     """Records what a prefill on CUDA would run, as generate() sees it."""
 
+    device = torch.device("cpu")
+
     def __init__(self):
         self.seen = []
 

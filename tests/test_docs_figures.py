@@ -423,8 +423,7 @@ def test_the_prefill_kernel_table_is_the_record():
         return statistics.median(r[key] for r in arms[arm])
 
     def spread(arm, key, fmt):
-        values = [r[key] for r in arms[arm]]
-        return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+        return _range([r[key] for r in arms[arm]], fmt)
 
     for arm, label in (("torch", "torch's pick (cuDNN)"), ("engine", "memory-efficient")):
         cells = [c.replace("**", "") for c in _cells(_doc_row(BENCHMARKS, label))]
