@@ -211,8 +211,7 @@ class LLMEngine:
         due only after the last step (_launch_next stops before one that would)."""
         held, self.held = [s for s in self.held if s.finish_reason is None], []
         if held:  # no sibling is admitted now: compacted before any decode step
-            self._compact(held, stats)
-            sched.compacted(held)
+            self._compact(held, stats, sched)
         seqs = sched.schedule_decode()
         if not seqs:
             return
@@ -220,12 +219,13 @@ class LLMEngine:
         launch = self._launch(sched, seqs, params, self.runner.step_inputs(seqs))
         while launch is not None:
             step = stats.decode_steps + 1  # the trigger's count once `launch` is collected
-            nxt = (self._launch_next(sched, launch, params, step)
-                   if self.cfg.overlap_decode else None)
+            nxt, ahead = (self._launch_next(sched, launch, params, step, stats)
+                          if self.cfg.overlap_decode else (None, []))
             tokens, logprobs = self.runner.collect(launch)
             _count_decode(launch, stats)
             compacted = self._compress(launch.seqs, tokens, stats, step) if nxt is None else []
-            sched.postprocess(launch.seqs, tokens, logprobs, launch.cache_lens, compacted)
+            sched.postprocess(launch.seqs, tokens, logprobs, launch.cache_lens, compacted,
+                              ahead)
             launch = nxt
 
     def _launch(self, sched: Scheduler, seqs: list[Sequence], params: SamplingParams,
@@ -237,27 +237,35 @@ class LLMEngine:
         return launch
 
     def _launch_next(self, sched: Scheduler, launch: DecodeLaunch, params: SamplingParams,
-                     step: int) -> DecodeLaunch | None:
+                     step: int, stats: GenerateStats
+                     ) -> tuple[DecodeLaunch | None, list[tuple[Sequence, int]]]:
         """Launch the step after `launch` before its tokens are read, when nothing about it
-        depends on them: no admission is due (Scheduler.admission_due), no compression falls
-        due, the pool has every page it needs without preempting. Sequences that will
-        finish by length at `launch` are left out; those that stop on a sampled token are
-        not known yet and run once more. None when the step cannot be predicted."""
+        depends on them: no admission is due (Scheduler.admission_due), the trigger does
+        not read tokens, the pool has every page it needs without preempting. Sequences
+        that will finish by length at `launch` are left out; those that stop on a sampled
+        token are not known yet and run once more. Caches that fall due after `launch` are
+        compacted first, queued behind it: the host launches the event while the device
+        runs the step, and the decode loop goes on. Returns the next launch (None when it
+        cannot be predicted) and the (sequence, entries evicted) of that event, for
+        postprocess: a sequence that stops at `launch` was compacted after its last token."""
         tokens_decide = (self.rule is not None
                          and self.compress.divide_method != "step_length")
         if tokens_decide or sched.admission_due():
-            return None
+            return None, []
         keep = [i for i, s in enumerate(launch.seqs)
                 if s.finish_reason is None and not s.at_length(1)]
         if not keep:
-            return None
+            return None, []
         seqs = [launch.seqs[i] for i in keep]
-        if self._due(seqs, None, step) or not sched.reserve_next(seqs):
-            return None
+        due = self._due(seqs, None, step)
+        ahead = list(zip(due, self._compact(due, stats, sched))) if due else []
+        if not sched.reserve_next(seqs):
+            return None, ahead
         self._sync_pages(sched)
         same = len(keep) == len(launch.seqs)
-        inputs = self.runner.next_inputs(launch, None if same else keep)
-        return self._launch(sched, seqs, params, inputs)
+        lens = [s.cache_len for s in seqs] if ahead else None  # compaction moved some
+        inputs = self.runner.next_inputs(launch, None if same else keep, lens)
+        return self._launch(sched, seqs, params, inputs), ahead
 
     def _compress(self, seqs: list[Sequence], tokens: list[int], stats: GenerateStats,
                   step: int, sched: Scheduler | None = None) -> list[Sequence]:
@@ -281,8 +289,10 @@ class LLMEngine:
             self._compact(due, stats)
         return due
 
-    def _compact(self, seqs: list[Sequence], stats: GenerateStats) -> None:
-        """One compaction event over seqs' caches."""
+    def _compact(self, seqs: list[Sequence], stats: GenerateStats,
+                 sched: Scheduler | None = None) -> list[int]:
+        """One compaction event over seqs' caches; with sched, their pages past the budget
+        go back at once (Scheduler.compacted), and the entries each evicted are returned."""
         protected = None
         if self.compress.keep_prompt:
             protected = [s.num_prompt for s in seqs]
@@ -290,6 +300,7 @@ class LLMEngine:
             compact(self.pool, self.rule, [s.slot for s in seqs], [s.cache_len for s in seqs],
                     [s.num_computed for s in seqs], protected)
         stats.compress_events += 1
+        return sched.compacted(seqs) if sched is not None else []
 
     def _due(self, seqs: list[Sequence], newline: list[bool] | None,
              step: int) -> list[Sequence]:

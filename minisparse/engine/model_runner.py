@@ -129,15 +129,20 @@ class ModelRunner:
                                           s.seed, len(s.token_ids) - s.num_prompt)]
         return self._upload(torch.tensor(flat, dtype=torch.long).view(len(seqs), 6).t())
 
-    def next_inputs(self, prev: DecodeLaunch, keep: list[int] | None) -> torch.Tensor:
+    def next_inputs(self, prev: DecodeLaunch, keep: list[int] | None,
+                    cache_lens: list[int] | None = None) -> torch.Tensor:
         """The inputs of the step after `prev` for prev's sequences at positions `keep`
         (None: all), built on the device: prev's sampled token goes in one position and
         cache entry further on, at the next sampling step. Needs no host copy of prev's
-        tokens, so it can be launched before they are read."""
+        tokens, so it can be launched before they are read. cache_lens: each kept
+        sequence's cache length now, when a compaction since `prev` shortened some (their
+        next entry is then not prev's + 1)."""
         ids, pos, rows, cidx, seeds, steps = prev.inputs
         nxt = torch.stack([prev.tokens.long(), pos + 1, rows, cidx + 1, seeds, steps + 1])
         if keep is not None:
-            nxt = nxt[:, torch.tensor(keep, dtype=torch.long).to(self.device, non_blocking=True)]
+            nxt = nxt[:, to_device(keep, self.device)]
+        if cache_lens is not None:
+            nxt[3] = to_device(cache_lens, self.device)
         return nxt
 
     @torch.inference_mode()

@@ -340,14 +340,16 @@ class Scheduler:
                     self.finish_prefill(seq)
 
     def postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float],
-                    cache_lens: list[int], compacted: list[Sequence] | None = None) -> None:
+                    cache_lens: list[int], compacted: list[Sequence] | None = None,
+                    ahead: list[tuple[Sequence, int]] = ()) -> None:
         """After a step whose tokens are read: each of seqs appends its token (cache_lens:
         its cache length at the step; a sequence that stopped at the step before, whose row
         ran once more, has nothing to append), those that sample a stop token or reach
         their length finish, and `compacted`, the sequences whose caches were compacted
-        after the step, return their pages past the budget."""
-        cached = sum(s.cache_len for s in self.running) + sum(s.cache_len for s in self.waiting)
-        self.peak_cached_tokens = max(self.peak_cached_tokens, cached)
+        after the step, return their pages past the budget. ahead: (sequence, entries
+        evicted) of a compaction already run after the step, before its tokens were read;
+        one that stops at the step did not need it, and it is taken off its counts."""
+        self._note_peak()
         for seq, token, logprob, cache_len in zip(seqs, tokens, logprobs, cache_lens):
             if seq.finish_reason is not None:
                 continue
@@ -356,18 +358,29 @@ class Scheduler:
             if reason is not None:
                 self.finish(seq, reason)
         self.compacted(compacted or [])
+        for seq, evicted in ahead:
+            if seq.finish_reason is not None:
+                seq.discount_compaction(evicted)
 
-    def compacted(self, seqs: list[Sequence]) -> None:
+    def _note_peak(self) -> None:
+        cached = sum(s.cache_len for s in self.running) + sum(s.cache_len for s in self.waiting)
+        self.peak_cached_tokens = max(self.peak_cached_tokens, cached)
+
+    def compacted(self, seqs: list[Sequence]) -> list[int]:
         """Each of seqs now holds `budget` cache entries, after its prompt's under
         keep_prompt (compaction packed them first): return the pages past them and count
-        the eviction."""
+        the eviction; returns the entries each evicted. The peak of entries held counts
+        the caches before."""
+        self._note_peak()
+        evicted = []
         for seq in seqs:
             kept = self.budget + (seq.num_prompt if self.keep_prompt else 0)
             keep = self.allocator.pages_for(kept)
             self.allocator.release(seq.pages[keep:])
             seq.pages = seq.pages[:keep]
             seq.synced_pages = min(seq.synced_pages, keep)
-            seq.compacted(kept)
+            evicted.append(seq.compacted(kept))
+        return evicted
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason, seq.status = reason, Status.FINISHED

@@ -124,11 +124,21 @@ class Sequence:
         self.num_computed += n
         self.cache_len += n
 
-    def compacted(self, kept: int) -> None:
-        """Its cache now holds `kept` entries; RoPE positions (num_computed) go on."""
-        self.evicted_tokens += self.cache_len - kept
+    def compacted(self, kept: int) -> int:
+        """Its cache now holds `kept` entries; RoPE positions (num_computed) go on. Returns
+        the entries evicted."""
+        evicted = self.cache_len - kept
+        self.evicted_tokens += evicted
         self.cache_len = kept
         self.num_compressions += 1
+        return evicted
+
+    def discount_compaction(self, evicted: int) -> None:
+        """Take a compaction that evicted `evicted` entries off its counts: one that ran
+        after its last token (an overlapped decode compacts before it reads the token
+        that stops the sequence) changed nothing it sampled."""
+        self.evicted_tokens -= evicted
+        self.num_compressions -= 1
 
     def reset_cache(self) -> None:
         """Forget the KV cache (after preemption): everything is recomputed from tokens."""
