@@ -367,10 +367,11 @@ def _step_median(pair: str, run: str, rollouts: tuple[int, ...],
     ("qwen1.5b_random_24gb_10k", (2, 3),
      "| GRPO step, CPU Adam, liger-kernel + flash-attn-4, median of rollouts 2-3"),
     ("qwen1.5b_random_24gb_1024_halves_at_once_10k", (1,), "| GRPO step of those 1,024"),
-    ("qwen1.5b_real_24gb_gpu_stack", (2, 3, 4),
+    ("qwen1.5b_real_24gb_compaction_ahead", (2, 3, 4),
      "| GRPO step, CPU Adam, liger-kernel + flash-attn-4, median of rollouts 2-4"),
-    ("coder1.5b_real_gpu_stack", (2, 3, 4), "| GRPO step, liger-kernel + flash-attn-4, median"),
-    ("qwen1.5b_real_24gb_1024_gpu_stack", (1,), "| GRPO step of 1,024 samples"),
+    ("coder1.5b_real_compaction_ahead", (2, 3, 4),
+     "| GRPO step, liger-kernel + flash-attn-4, median"),
+    ("qwen1.5b_real_24gb_1024_compaction_ahead", (2,), "| GRPO step of 1,024 samples"),
 ])
 def test_the_step_pair_rows_are_their_records(pair, rollouts, label):
     """README's step pairs: dense, R-KV, their ratio, and the rollouts' where it is given."""
@@ -394,15 +395,26 @@ def _phase_cells(r: dict) -> list[str]:
             f"{r['time/step_s']:.1f} s"]
 
 
-def test_the_real_1024_sample_table_is_its_records():
-    """The real-weight rows of "One GPU, the paper's whole rollout"."""
-    pair = BENCH_PAIRS / "qwen1.5b_real_24gb_1024_gpu_stack"
+@pytest.mark.parametrize("pair,slots", [("qwen1.5b_real_24gb_1024_compaction_ahead", ""),
+                                        ("qwen1.5b_real_24gb_1024_slots", "1,024 slots, ")])
+def test_the_real_1024_sample_table_is_its_records(pair, slots):
+    """The real-weight rows of "One GPU, the paper's whole rollout", and their ratios."""
     table = BENCHMARKS[BENCHMARKS.index("| 1,024 real samples, 24 GB |"):]
+    steps = {}
     for run, label in (("dense", "dense"), ("sparse", "R-KV")):
-        (r,) = read_metrics(pair / run)
-        cells = [c.replace("*", "") for c in _cells(_doc_row(table, f"| {label} |"))]
-        assert cells[1:] == _phase_cells(r)
-        assert r["perf/preemptions"] == 0
+        for r in read_metrics(BENCH_PAIRS / pair / run):
+            steps[run, r["rollout"]] = r
+            assert r["perf/preemptions"] == 0
+            if slots and r["rollout"] == 1:
+                continue  # the 1,024-slot pair's table row is its rollout 2
+            row = _doc_row(table, f"| {label}, {slots}rollout {r['rollout']} |")
+            assert [c.replace("*", "") for c in _cells(row)][1:] == _phase_cells(r)
+    for n in (1, 2):
+        d, c = steps["dense", n], steps["sparse", n]
+        step, rollout = (d[k] / c[k] for k in ("time/step_s", "time/rollout_s"))
+        if not slots:
+            _says(BENCHMARKS, f"{step:.2f}x at rollout 1 ({rollout:.2f}x)" if n == 1 else
+                  f"**{step:.2f}x** dense's at rollout 2 (its rollout {rollout:.2f}x)")
 
 
 @pytest.mark.parametrize("budget", ["8,192", "10,240"])
