@@ -166,7 +166,10 @@ def _split_problems():
 
 
 def _split_worker(rank, world, init_file, tiny_path, out_dir):
+    import os
     import pickle
+    import sys
+    import time
 
     import torch.distributed as tdist
 
@@ -181,12 +184,24 @@ def _split_worker(rank, world, init_file, tiny_path, out_dir):
                            problems=_split_problems(), progress=False, log=lambda s: None,
                            shard=Shard(rank, world, all_gather_object))
         (out_dir / f"summary_rank{rank}.pkl").write_bytes(pickle.dumps(summary))
-        # rank 0 still writes the samples when rank 1 is done: a rank that tears its gloo
-        # group down meanwhile closes the sockets under rank 0's, which then aborted
-        # ("terminate called without an active exception", 2 of ~10 full-suite runs)
+        # A rank whose gloo group went down while the other's still had work in flight
+        # aborted ("terminate called without an active exception", about 1 full-suite run
+        # in 4 with a barrier alone, whose last message may still be on its way when the
+        # faster rank returns): each rank waits past the barrier until every rank is
+        # past it, through files, before any tears its group down.
         tdist.barrier()
+        (out_dir / f"past_barrier{rank}").touch()
+        deadline = time.monotonic() + 120
+        while not all((out_dir / f"past_barrier{r}").exists() for r in range(world)):
+            assert time.monotonic() < deadline, "the other rank never got past the barrier"
+            time.sleep(0.01)
     finally:
         tdist.destroy_process_group()
+    # and skips the interpreter's teardown, the other place a C++ thread of torch or gloo
+    # can end a finished rank with that abort
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 TIMING = ("generation_s", "tokens_per_s", "grading_s", "engine", "ranks")
