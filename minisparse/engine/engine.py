@@ -207,8 +207,9 @@ class LLMEngine:
         launched (inputs built on the device from step N's tokens) before step N's tokens
         are read, so the host's bookkeeping of step N runs while the device computes N + 1,
         for as long as _launch_next finds the next step predictable. A sequence that stops
-        at step N has one wasted row in N + 1, whose token is dropped. Compression falls
-        due only after the last step (_launch_next stops before one that would)."""
+        at step N has one wasted row in N + 1, whose token is dropped. Caches due after
+        step N are compacted by _launch_next, before N + 1; after the last step of a run,
+        by _compress once its tokens are read."""
         held, self.held = [s for s in self.held if s.finish_reason is None], []
         if held:  # no sibling is admitted now: compacted before any decode step
             self._compact(held, stats, sched)
