@@ -371,6 +371,8 @@ class Scheduler:
         keep_prompt (compaction packed them first): return the pages past them and count
         the eviction; returns the entries each evicted. The peak of entries held counts
         the caches before."""
+        if not seqs:  # postprocess after a step with no event: its peak is noted already
+            return []
         self._note_peak()
         evicted = []
         for seq in seqs:
