@@ -29,13 +29,15 @@ _SCRATCH_BYTES = 1 << 30  # cap on the gathered keys (or scores) per group of se
 # score_batch methods triton_scores computes, and whether with R-KV's redundancy
 _FUSED = {SnapKV.score_batch: False, RKV.score_batch: True}
 # the most sequences x entries^1.5 an event may hold for the kernel to serve R-KV's: its
-# redundancy (an entries x entries similarity per head, in one program) grows faster with
-# the cache than the rule's path (~40 launches, batched GEMMs). One event on an H200, the
-# 1.5B, fused against the rule's path, ms: at 640 entries 1.27 / 1.84 (8 sequences),
-# 2.33 / 1.85 (16), 5.95 / 3.23 (47); at 320 entries 1.72 / 3.19 (32), 2.22 / 2.40 (48);
-# at 224 entries 0.70 / 1.75 (16), 2.13 / 1.95 (64): this cap parts every pair. SnapKV's
-# was faster at every size.
-_FUSED_MAX_WORK = {RKV.score_batch: 200_000}
+# redundancy (an entries x entries similarity a head, searched per block of entries) grows
+# faster with the cache than the rule's path (~40 launches, batched GEMMs). One event on
+# an H200, the 1.5B, keys random / sharing a direction per head (as real keys do, so the
+# search stops early), fused against the rule's path, ms: at 224 entries 1.65 / 1.92 and
+# 1.24 / 1.60 (64 sequences), 3.22 / 2.74 and 2.40 / 2.43 (128); at 320 entries 2.68 /
+# 2.44 and 1.93 / 2.46 (64); at 640 1.09 / 1.53 and 0.68 / 1.38 (8), 1.93 / 1.57 and
+# 1.12 / 1.44 (16), 3.49 / 2.17 and 1.96 / 1.82 (32). The cap keeps the kernel where it
+# wins on keys like real ones and costs random keys at most ~20%.
+_FUSED_MAX_WORK = {RKV.score_batch: 400_000}
 
 
 @torch.no_grad()

@@ -14,6 +14,7 @@ import torch
 
 from minisparse.config.schema import EngineConfig
 from minisparse.engine.models import CausalLM
+from minisparse.utils.kernels import triton_module
 
 _GIB = 1 << 30
 
@@ -137,20 +138,27 @@ class KVPool:
 
     def ring_queries(self, rows: torch.Tensor, next_pos: torch.Tensor) -> torch.Tensor:
         """The last W queries of each row in time order, laid out as scoring reads them:
-        [len(rows), layers, H_q, W, D]. One index_select of whole D-value rows (read as
-        int64 words) straight into that order: indexing the ring per element, then
-        permuting, moved the ~0.2 GB of a 256-sequence compaction on the 1.5B twice, at a
-        quarter of the copy bandwidth."""
-        W = self.window
-        layers, ring_rows, h_q, d = self.q_ring.shape
-        order = (next_pos[:, None] + torch.arange(W, device=self.device)) % W  # oldest first
-        flat = rows[:, None] * W + order  # [s, W]
-        layer = torch.arange(layers, device=self.device)[None, :, None, None]
-        head = torch.arange(h_q, device=self.device)[None, None, :, None]
-        index = (layer * ring_rows + flat[:, None, None, :]) * h_q + head  # [s, L, H_q, W]
-        words = word_rows(self.q_ring)
-        out = words.index_select(0, index.reshape(-1))
-        return out.view(self.q_ring.dtype).view(len(rows), layers, h_q, W, d)
+        [len(rows), layers, H_q, W, D]. On CUDA one Triton kernel (triton_compaction),
+        elsewhere _ring_queries, its reference."""
+        fast = triton_module("minisparse.engine.triton_compaction", self.q_ring)
+        if fast is not None:
+            return fast.ring_queries(self.q_ring, self.window, rows, next_pos)
+        return _ring_queries(self.q_ring, self.window, rows, next_pos)
+
+
+def _ring_queries(q_ring: torch.Tensor, window: int, rows: torch.Tensor,
+                  next_pos: torch.Tensor) -> torch.Tensor:
+    """KVPool.ring_queries as one index_select of whole D-value rows (read as int64 words)
+    straight into scoring's order: indexing the ring per element, then permuting, moved
+    the data twice at a quarter of the copy bandwidth."""
+    layers, ring_rows, h_q, d = q_ring.shape
+    order = (next_pos[:, None] + torch.arange(window, device=q_ring.device)) % window
+    flat = rows[:, None] * window + order  # [s, W], oldest first
+    layer = torch.arange(layers, device=q_ring.device)[None, :, None, None]
+    head = torch.arange(h_q, device=q_ring.device)[None, None, :, None]
+    index = (layer * ring_rows + flat[:, None, None, :]) * h_q + head  # [s, L, H_q, W]
+    out = word_rows(q_ring).index_select(0, index.reshape(-1))
+    return out.view(q_ring.dtype).view(len(rows), layers, h_q, window, d)
 
 
 def word_rows(t: torch.Tensor) -> torch.Tensor:

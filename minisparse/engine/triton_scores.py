@@ -43,9 +43,15 @@ import triton.language as tl
 from minisparse.compression import triton_redundancy as tr
 from minisparse.compression.scoring import NORM_EPS
 
-_BLOCK_N = 64  # cache entries per step
-_BLOCK_M = 64  # entries whose newest near-duplicate one step of the search finds
-_WARPS = 4
+# Tiles (BLOCK_N cache entries a step of the key passes, BLOCK_M entries whose newest
+# near-duplicate one step of the search finds, BLOCK_R entries a step of the passes over a
+# score row), warps, and whether R-KV's search runs as its own launch over (row, head,
+# block of BLOCK_M entries), between the scoring and the selection: without and with R-KV's
+# redundancy. The fastest in a sweep of one event of 16, 64 and 256 sequences of the 1.5B
+# at 224 entries on an H200: SnapKV 0.37 / 0.86 / 2.60 ms against 0.54 / 1.01 / 3.15 at
+# (64, 64, 64, 4); R-KV, its keys sharing a direction per head as real keys do, 0.51 /
+# 1.21 / 4.27 against 0.75 / 1.89 / 6.59 at (64, 64, 64, 4) in one launch.
+_TILES = {False: (64, 64, 64, 2, False), True: (32, 64, 32, 2, True)}
 
 
 @triton.jit
@@ -94,14 +100,15 @@ def _logits(Q, w, wok, d, dmask, k, sqrt_d, HQD: tl.constexpr, D: tl.constexpr,
 
 
 @triton.jit
-def _last_above(K, PT, COL, length, PS, eps, threshold, d, dmask, HD: tl.constexpr,
+def _last_above(K, PT, COL, length, lo, hi, PS, eps, threshold, d, dmask, HD: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
                 HW: tl.constexpr):
-    """Takes S[i, last(i)] off column last(i) of COL for every entry i (step 3)."""
+    """Takes S[i, last(i)] off column last(i) of COL for every entry lo <= i < hi
+    (step 3)."""
     DT = K.dtype.element_ty
-    for m0 in range(0, length, BLOCK_M):
+    for m0 in range(lo, hi, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < length
+        row_ok = rows < hi
         q = tr.round_as(_unit(_keys(K, PT, rows, row_ok, d, dmask, PS, HD), eps), DT, HW)
         if not IEEE:
             q = q.to(DT)
@@ -243,7 +250,9 @@ def _scores_kernel(K, QR, PT, ROWS, LENS, FIRST, OUT, SCR, KEEP, stride_kl, stri
                    G: tl.constexpr, W: tl.constexpr, W_PAD: tl.constexpr, D: tl.constexpr,
                    D_PAD: tl.constexpr, KS: tl.constexpr, MAX_POOL: tl.constexpr,
                    GROUP_MEAN: tl.constexpr, REDUNDANCY: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, IEEE: tl.constexpr, HW: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, IEEE: tl.constexpr,
+                   HW: tl.constexpr, COLUMNS: tl.constexpr, SEARCH: tl.constexpr,
+                   FINISH: tl.constexpr):
     r, h = tl.program_id(0), tl.program_id(1)
     i, layer = r // LAYERS, r % LAYERS
     seq = tl.load(ROWS + i)
@@ -258,26 +267,35 @@ def _scores_kernel(K, QR, PT, ROWS, LENS, FIRST, OUT, SCR, KEEP, stride_kl, stri
     dmask = d < D
     w = tl.arange(0, W_PAD)
     wok = w < W
-    m, s, total = _softmax_stats(K, PT, Q, length, older, PS, eps, sqrt_d, d, dmask, w, wok,
-                                 H * D, D, G, W_PAD, D_PAD, GROUP_MEAN, REDUNDANCY, BLOCK_N,
-                                 IEEE)
-    _attention_columns(K, PT, Q, ATTN, COL, length, older, PS, eps, sqrt_d, d, dmask, w, wok,
-                       m, s, total, H * D, D, G, W, GROUP_MEAN, REDUNDANCY, BLOCK_N, IEEE)
-    tl.debug_barrier()
-    m_red = tl.zeros([], tl.float32)
-    s_red = tl.zeros([], tl.float32)
-    if REDUNDANCY:
-        _last_above(K, PT, COL, length, PS, eps, threshold, d, dmask, H * D, BLOCK_M,
+    if COLUMNS:
+        m, s, total = _softmax_stats(K, PT, Q, length, older, PS, eps, sqrt_d, d, dmask, w,
+                                     wok, H * D, D, G, W_PAD, D_PAD, GROUP_MEAN, REDUNDANCY,
+                                     BLOCK_N, IEEE)
+        _attention_columns(K, PT, Q, ATTN, COL, length, older, PS, eps, sqrt_d, d, dmask, w,
+                           wok, m, s, total, H * D, D, G, W, GROUP_MEAN, REDUNDANCY, BLOCK_N,
+                           IEEE)
+        tl.debug_barrier()
+    if SEARCH:  # R-KV: every entry of the row here, or (third grid axis) one block of them
+        lo = 0
+        hi = length
+        if not COLUMNS:
+            lo = tl.program_id(2) * BLOCK_M
+            hi = tl.minimum(length, lo + BLOCK_M)
+        _last_above(K, PT, COL, length, lo, hi, PS, eps, threshold, d, dmask, H * D, BLOCK_M,
                     BLOCK_N, IEEE, HW)
         tl.debug_barrier()
-        m_red, s_red = _column_softmax_stats(COL, length, BLOCK_N)
-    _mix(OUT + row, ATTN, COL, length, older, LMAX, mix, m_red, s_red, KS, MAX_POOL,
-         REDUNDANCY, BLOCK_N)
-    if SELECT:  # 6.
-        tl.debug_barrier()
-        keep = KEEP + (r * H + h).to(tl.int64) * (TOP + W)
-        _keep_top(OUT + row, keep, tl.load(FIRST + i).to(tl.int32), older, length, TOP, W,
-                  W_PAD, BLOCK_N)
+    if FINISH:
+        m_red = tl.zeros([], tl.float32)
+        s_red = tl.zeros([], tl.float32)
+        if REDUNDANCY:
+            m_red, s_red = _column_softmax_stats(COL, length, BLOCK_R)
+        _mix(OUT + row, ATTN, COL, length, older, LMAX, mix, m_red, s_red, KS, MAX_POOL,
+             REDUNDANCY, BLOCK_R)
+        if SELECT:  # 6.
+            tl.debug_barrier()
+            keep = KEEP + (r * H + h).to(tl.int64) * (TOP + W)
+            _keep_top(OUT + row, keep, tl.load(FIRST + i).to(tl.int32), older, length, TOP,
+                      W, W_PAD, BLOCK_R)
 
 
 def scores(k: torch.Tensor, q_ring: torch.Tensor, page_table: torch.Tensor, page_size: int,
@@ -316,16 +334,27 @@ def _launch(k: torch.Tensor, q_ring: torch.Tensor, page_table: torch.Tensor, pag
     kept = None if first is None else torch.empty(n, h_kv, cfg.budget, dtype=torch.long,
                                                   device=k.device)
     if n:
+        block_n, block_m, block_r, warps, split = _TILES[redundancy]
         scratch = torch.empty(n, h_kv, 2, lmax, dtype=torch.float32, device=k.device)
-        _scores_kernel[(n, h_kv)](
-            k, q_ring, page_table, rows, lens, lens if first is None else first, out,
-            scratch, out if kept is None else kept, k.stride(0), q_ring.stride(0),
-            page_table.stride(0), lmax, page_size, NORM_EPS, math.sqrt(dim),
-            tr.threshold_as(cfg.sim_threshold, k.dtype), float(cfg.mix_lambda),
-            cfg.budget - window, SELECT=first is not None, LAYERS=n_layers, H=h_kv,
-            G=h_q // h_kv, W=window, W_PAD=max(16, triton.next_power_of_2(window)), D=dim,
+        args = (k, q_ring, page_table, rows, lens, lens if first is None else first, out,
+                scratch, out if kept is None else kept, k.stride(0), q_ring.stride(0),
+                page_table.stride(0), lmax, page_size, NORM_EPS, math.sqrt(dim),
+                tr.threshold_as(cfg.sim_threshold, k.dtype), float(cfg.mix_lambda),
+                cfg.budget - window)
+        settings = dict(
+            SELECT=first is not None, LAYERS=n_layers, H=h_kv, G=h_q // h_kv, W=window,
+            W_PAD=max(16, triton.next_power_of_2(window)), D=dim,
             D_PAD=max(16, triton.next_power_of_2(dim)), KS=cfg.kernel_size,
             MAX_POOL=cfg.pooling == "max", GROUP_MEAN=cfg.group_pooling != "max",
-            REDUNDANCY=redundancy, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N,
-            IEEE=k.dtype == torch.float32 or not k.is_cuda, HW=k.is_cuda, num_warps=_WARPS)
+            REDUNDANCY=redundancy, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r,
+            IEEE=k.dtype == torch.float32 or not k.is_cuda, HW=k.is_cuda, num_warps=warps)
+        if split and redundancy:  # the search over its own grid, between two launches
+            stages = [((n, h_kv), (True, False, False)),
+                      ((n, h_kv, triton.cdiv(lmax, block_m)), (False, True, False)),
+                      ((n, h_kv), (False, False, True))]
+        else:
+            stages = [((n, h_kv), (True, redundancy, True))]
+        for grid, (columns, search, finish) in stages:
+            _scores_kernel[grid](*args, **settings, COLUMNS=columns, SEARCH=search,
+                                 FINISH=finish)
     return out, kept

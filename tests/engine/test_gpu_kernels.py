@@ -49,6 +49,7 @@ def test_compaction_copies(budget, L):
     from minisparse.engine import triton_compaction
 
     cpu_tc.check_gather(triton_compaction, "cuda", 128)
+    cpu_tc.check_ring(triton_compaction, "cuda", 128, window=8, h_q=12)
     cpu_tc.check_compact(triton_compaction, "cuda", 128, budget, L)
     cpu_tc.check_compact(triton_compaction, "cuda", 128, budget, L, protected=(5, 0, 3))
 

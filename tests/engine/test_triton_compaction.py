@@ -1,5 +1,6 @@
-"""engine.triton_compaction under Triton's interpreter against compaction.py's PyTorch
-copies: the key gather scoring reads, and the in-place packing of the kept entries.
+"""engine.triton_compaction under Triton's interpreter against the PyTorch copies it
+replaces: the key gather and the ring queries scoring reads, and the in-place packing of
+the kept entries.
 test_gpu_kernels.py runs the same checks compiled, at the 3B head size."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from minisparse.engine import compaction
+from minisparse.engine import kv_pool
 from triton_interpreter import import_interpreted
 
 LAYERS, H, PS = 3, 2, 4
@@ -46,6 +48,19 @@ def check_gather(tc, device: str, d: int) -> None:
         assert not got[i, :, :, n:].any()  # zeros past the sequence's length
 
 
+def check_ring(tc, device: str, d: int, window: int = 6, h_q: int = 6) -> None:
+    """The kernel's queries equal KVPool's index_select, for a window that is no power
+    of two and rings whose oldest slot is anywhere (first, middle, last)."""
+    g = torch.Generator().manual_seed(window)
+    q_ring = torch.randn(LAYERS, 7 * window, h_q, d, generator=g).to(device)
+    rows, next_pos = torch.tensor([3, 0, 6, 5], device=device), torch.tensor([0, 2, 5, 11],
+                                                                            device=device)
+    want = kv_pool._ring_queries(q_ring, window, rows, next_pos)
+    got = tc.ring_queries(q_ring, window, rows, next_pos)
+    assert got.shape == want.shape == (4, LAYERS, h_q, window, d)
+    assert torch.equal(got, want)
+
+
 def check_compact(tc, device: str, d: int, budget: int, L: int,
                   protected: tuple[int, ...] | None = None) -> None:
     """Each head keeps its own ascending entries; the kernel packs them in place block by
@@ -79,6 +94,11 @@ def test_gather_keys_matches_index_select(tc):
     check_gather(tc, "cpu", 16)
 
 
+@pytest.mark.parametrize("window", [6, 8])
+def test_ring_queries_match_index_select(tc, window):
+    check_ring(tc, "cpu", 16, window)
+
+
 @pytest.mark.parametrize("budget,L", [(40, 47), (70, 90)])  # 2 or 3 blocks of 32, a tail
 def test_compact_in_place_matches_gather_then_copy(tc, budget, L):
     check_compact(tc, "cpu", 16, budget, L)
@@ -95,3 +115,5 @@ def test_rejects_non_contiguous_cache(tc):
     with pytest.raises(ValueError, match="contiguous"):
         tc.gather_keys(pool.k.transpose(2, 3), pool.page_table, PS, torch.tensor([0]),
                        torch.tensor([8]), 8)
+    with pytest.raises(ValueError, match="q_ring must be contiguous"):
+        tc.ring_queries(pool.k.transpose(2, 3), 4, torch.tensor([0]), torch.tensor([1]))

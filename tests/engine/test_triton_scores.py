@@ -137,6 +137,18 @@ def test_keep_matches_select_batch(ts, algorithm, settings, h_q, h_kv, d, dtype)
     check_keep(ts, algorithm, settings, h_q, h_kv, d, dtype)
 
 
+@pytest.mark.parametrize("algorithm,settings", [RULES[0], RULES[2]])
+def test_keep_at_tiles_smaller_than_every_cache(ts, monkeypatch, algorithm, settings):
+    """Tiles of 16 entries: every pass over a cache of 37-70 entries takes 3-5 steps, the
+    search of each block of entries loads its next key block ahead, and the ranking
+    compares blocks of scores with each other. (SnapKV max-pools its scores into ties,
+    which top-k breaks in no set order: averaged here.)"""
+    for split in (False, True):
+        tiles = (16, 16, 16, 4, split)
+        monkeypatch.setattr(ts, "_TILES", {False: tiles, True: tiles})
+        check_keep(ts, algorithm, settings, *HEADS[1], torch.float32)
+
+
 @pytest.mark.parametrize("algorithm,settings,selection,dtype", [
     ("rkv", {}, "per_head", torch.float32), ("rkv", {}, "per_layer", torch.float32),
     ("rkv", dict(sim_threshold=0.3), "per_head", torch.bfloat16),
@@ -160,16 +172,16 @@ def test_fused_scorer_serves_only_the_shipped_rules():
 
 
 def test_fused_rkv_serves_only_events_where_it_measured_faster(monkeypatch):
-    """R-KV's fused scoring only for events of up to 200k sequences x entries^1.5 (its
+    """R-KV's fused scoring only for events of up to 400k sequences x entries^1.5 (its
     redundancy grows faster with the cache than the rule's path; slower above on an
-    H200): 8 sequences at 640 entries, 32 at 320 and 48 at 224, not 16, 48 and 64;
+    H200): 24 sequences at 640 entries, 69 at 320 and 119 at 224, not 25, 71 and 120;
     SnapKV's at any size."""
     kernel = object()
     monkeypatch.setattr(compaction, "triton_module", lambda name, like: kernel)
     pool = SimpleNamespace(k=torch.zeros(1, 1, 1, 16))
     rkv = _rule("rkv")
-    for sequences, entries in [(8, 640), (32, 320), (48, 224)]:
+    for sequences, entries in [(24, 640), (69, 320), (119, 224)]:
         assert compaction.fused_scorer(pool, rkv, sequences, entries) is kernel
-    for sequences, entries in [(16, 640), (48, 320), (64, 224)]:
+    for sequences, entries in [(25, 640), (71, 320), (120, 224)]:
         assert compaction.fused_scorer(pool, rkv, sequences, entries) is None
     assert compaction.fused_scorer(pool, _rule("snapkv"), 4096, 4096) is kernel
