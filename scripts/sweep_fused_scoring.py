@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -69,15 +70,15 @@ def event_ms(engine: LLMEngine, rule, sequences: int, entries: int, fused: bool)
 
 
 def sweep(engine: LLMEngine, algorithm: str, events: list[tuple[int, int]],
-          tiles: list[tuple], keys: list[str], repeats: int) -> list[list]:
-    """[keys, entries, sequences, rule ms, ms at each of tiles] an event; the kernel's
-    tiles and compaction's choice of scorer are back as they were after it."""
+          tiles: list[tuple], keys: list[str], repeats: int) -> Iterator[list]:
+    """[keys, entries, sequences, rule ms, ms at each of tiles] an event, as each is
+    measured; the kernel's tiles and compaction's choice of scorer are back as they were
+    once the sweep ends."""
     from minisparse.engine import triton_scores
 
     redundancy = algorithm == "rkv"
     shipped, choose = dict(triton_scores._TILES), compaction.fused_scorer
     compaction.fused_scorer = lambda *a: triton_scores  # every event size
-    rows = []
     try:
         for kind in keys:
             for entries, sequences in events:
@@ -93,11 +94,10 @@ def sweep(engine: LLMEngine, algorithm: str, events: list[tuple[int, int]],
                         triton_scores._TILES = {redundancy: t, not redundancy: t}
                         times.setdefault(t, []).append(
                             event_ms(engine, rule, sequences, entries, True))
-                rows.append([kind, entries, sequences,
-                             *(statistics.median(times[k]) for k in ["rule", *tiles])])
+                yield [kind, entries, sequences,
+                       *(statistics.median(times[k]) for k in ["rule", *tiles])]
     finally:
         triton_scores._TILES, compaction.fused_scorer = shipped, choose
-    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
