@@ -7,8 +7,8 @@ tiles and compaction's size cap (_FUSED_MAX_WORK) come from.
     python -m scripts.sweep_fused_scoring --algorithm rkv --tiles 32,64,32,2,1 \
         --events 224x64,224x128,224x256,320x64,320x128,640x8,640x16,640x32
 
-An event of LxS compacts S sequences of L cache entries each to L - (the rule's
-divide_length), its budget. A tile is BLOCK_N,BLOCK_M,BLOCK_R,warps,split (split 1: R-KV's
+An event of LxS compacts S sequences of L cache entries each to the rule's budget: L - 32
+up to 256 entries (192 / 32 at 224), else L - L // 5 (256 / 64 at 320, 512 / 128 at 640). A tile is BLOCK_N,BLOCK_M,BLOCK_R,warps,split (split 1: R-KV's
 search as its own launch; see triton_scores._TILES). The event ignores the size cap (the
 kernel scores every event here). --keys random fills each cache with independent random
 keys, which no two of are similar enough for R-KV's search to stop early; shared adds one

@@ -36,7 +36,8 @@ _FUSED = {SnapKV.score_batch: False, RKV.score_batch: True}
 # 1.24 / 1.60 (64 sequences), 3.22 / 2.74 and 2.40 / 2.43 (128); at 320 entries 2.68 /
 # 2.44 and 1.93 / 2.46 (64); at 640 1.09 / 1.53 and 0.68 / 1.38 (8), 1.93 / 1.57 and
 # 1.12 / 1.44 (16), 3.49 / 2.17 and 1.96 / 1.82 (32). The cap keeps the kernel where it
-# wins on keys like real ones and costs random keys at most ~20%.
+# wins on keys like real ones; random keys it costs up to 23% where measured (640 x 16),
+# likely more at 17-24 sequences of 640 entries (61% at 32, above the cap).
 _FUSED_MAX_WORK = {RKV.score_batch: 400_000}
 
 

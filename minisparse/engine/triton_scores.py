@@ -19,7 +19,11 @@ and writes one score row, the math of scoring.py:
    similarity column sum u_j . (sum_i u_i) - u_j . u_j, into a scratch row;
 3. (R-KV) for each entry i the newest j != i whose similarity (in the input dtype) exceeds
    sim_threshold (0 when none), whose value S[i, j] is taken off column j: the search of
-   triton_redundancy, walking key blocks from the newest down and stopping early;
+   triton_redundancy, walking key blocks from the newest down and stopping early. Under
+   R-KV's tiles (`_TILES`) this step is a launch of its own, one program per (sequence x
+   layer, KV head, block of entries), between a launch of steps 1-2 and one of 4-6: a
+   program searching all its entries one block after another was the event's slowest
+   part;
 4. (R-KV) the softmax of the column means over the sequence's entries;
 5. the attention max- or average-pooled along the entries (kernel_size), mixed with the
    redundancy as rkv.py mixes them;
@@ -324,7 +328,7 @@ def _launch(k: torch.Tensor, q_ring: torch.Tensor, page_table: torch.Tensor, pag
             rows: torch.Tensor, lens: torch.Tensor, lmax: int, cfg, redundancy: bool,
             first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(scores, kept positions or None without first): one program per (sequence x layer,
-    KV head)."""
+    KV head) in one launch, or with a split search in three (steps 1-2, 3, 4-6)."""
     n_layers, _, h_kv, dim = k.shape
     h_q, window, n = q_ring.shape[2], cfg.window, rows.shape[0] * n_layers
     if not (k.is_contiguous() and q_ring.is_contiguous() and h_q % h_kv == 0):

@@ -140,8 +140,8 @@ def test_keep_matches_select_batch(ts, algorithm, settings, h_q, h_kv, d, dtype)
 @pytest.mark.parametrize("algorithm,settings", [RULES[0], RULES[2]])
 def test_keep_at_tiles_smaller_than_every_cache(ts, monkeypatch, algorithm, settings):
     """Tiles of 16 entries: every pass over a cache of 37-70 entries takes 3-5 steps, the
-    search of each block of entries loads its next key block ahead, and the ranking
-    compares blocks of scores with each other. (SnapKV max-pools its scores into ties,
+    search runs in the scoring program or as its own launch of one program per block of
+    entries, and the ranking compares blocks of scores with each other. (SnapKV max-pools its scores into ties,
     which top-k breaks in no set order: averaged here.)"""
     for split in (False, True):
         tiles = (16, 16, 16, 4, split)
