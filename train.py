@@ -6,12 +6,13 @@
 One process per GPU holds a DeepSpeed ZeRO-sharded policy and an in-process rollout
 engine that samples with the policy's own weights. Each rollout:
 
-  1. rollout   the engine samples n responses for this rank's prompts (compressed KV)
-  2. reward    grade_batch (math-verify in reward.workers processes, each answer
-               stopped at reward.timeout_s) or reward.function per response,
-               advantages per loss.advantage (dynamic_sampling: graded in rounds during 1)
-  3. logprobs  dense log-probs of the current (old) and reference policies, then the
+  1. rollout   the engine samples n responses for this rank's prompts (compressed KV);
+               grade_batch starts grading them on a thread of its own (math-verify in
+               reward.workers processes, each answer stopped at reward.timeout_s)
+  2. logprobs  dense log-probs of the current (old) and reference policies, then the
                Sparse-RL correction weights from the sampler/dense mismatch
+  3. reward    the grades (or reward.function per response, here), advantages per
+               loss.advantage (dynamic_sampling: graded in rounds during 1)
   4. update    num_steps_per_rollout optimizer steps in packed micro-batches
   5. log       metrics.jsonl, TensorBoard (wandb), one console line
   6. save      an HF checkpoint + resume state every save_interval rollouts and at the
@@ -57,6 +58,7 @@ from minisparse.compression.trigger import check_compression_reach
 from minisparse.data.benchmarks import BenchmarkError
 from minisparse.data.datasets import DataError, PromptRow, PromptSampler, load_prompts
 from minisparse.data.prompts import check_prompt_template
+from minisparse.data.reward import launch_grading_processes
 from minisparse.engine import RolloutBackend, make_backend
 from minisparse.models.flops import FlopShape, batch_forward_flops, flop_shape, mfu_metrics, peak_flops
 from minisparse.utils import distributed as dist
@@ -93,8 +95,16 @@ from minisparse.grpo.loss import step_denominator
 from minisparse.grpo.mismatch import mismatch_metrics
 from minisparse.grpo.batch import RolloutBatch, rollout_metrics
 from minisparse.grpo.objective import micro_batch_loss
+from minisparse.grpo.rewards import set_rewards
 # the hand-over: the engine's samples into the algorithm's batch, graded
-from minisparse.rollout import build_batch, generate_metrics, sampling_params, score_batch
+from minisparse.rollout import (
+    BackgroundGrading,
+    build_batch,
+    generate_metrics,
+    grade_responses,
+    sampling_params,
+    score_batch,
+)
 from minisparse.evaluation.generate import Shard
 from minisparse.evaluation.loop import evaluate
 from minisparse.evaluation.scores import flat_metrics
@@ -188,6 +198,8 @@ def setup(cfg: Config, resume_required: bool) -> Run:
     random.seed(cfg.seed + dist.rank())
     torch.manual_seed(cfg.seed + dist.rank())
 
+    if not cfg.reward.function:  # they import math-verify while the model loads
+        launch_grading_processes(cfg.reward.workers)
     policy, tokenizer, ref = build_policy(cfg, device, plan, reference)
     if checked.eval_problems is not None:
         check_prompt_template(tokenizer, cfg.eval.prompt_template)
@@ -247,12 +259,25 @@ def rollout_phase(run: Run, rollout: int) -> tuple[RolloutBatch, dict[str, float
     return batch, metrics | generate_metrics(stats)
 
 
-def reward_phase(run: Run, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
-    """Rewards, then advantages (loss.advantage: per prompt group and/or over the batch)."""
+def start_grading(run: Run, batch: RolloutBatch) -> BackgroundGrading | None:
+    """The math grader, started on the rollout's answers to run while the log-probs are
+    computed; None where the batch is graded already (dynamic sampling) or a
+    reward.function plug-in grades it in the reward phase, on the main thread as ever."""
+    if batch.rewards is not None or run.cfg.reward.function:
+        return None
+    return BackgroundGrading(batch, run.tokenizer, run.cfg.reward)
+
+
+def reward_phase(run: Run, batch: RolloutBatch,
+                 grading: BackgroundGrading | None) -> tuple[RolloutBatch, dict[str, float]]:
+    """Rewards (the background grading's, waited for), then advantages (loss.advantage:
+    per prompt group and/or over the batch)."""
+    cfg = run.cfg
     if batch.rewards is None:  # dynamic sampling grades during the rollout
-        score_batch(batch, run.tokenizer, run.cfg.reward, run.cfg.max_response_len)
+        graded = grading.result() if grading else grade_responses(batch, run.tokenizer, cfg.reward)
+        set_rewards(batch, *graded, cfg.reward, cfg.max_response_len)
     advantages, stats = compute_advantages(
-        batch.rewards, run.cfg.n_samples_per_prompt, batch.response_mask.sum(dim=1), run.cfg.loss,
+        batch.rewards, cfg.n_samples_per_prompt, batch.response_mask.sum(dim=1), cfg.loss,
         reduce=dist.all_reduce)
     return replace(batch, advantages=advantages), rollout_metrics(batch) | stats
 
@@ -447,21 +472,23 @@ def train(run: Run, signals: StopOnSignal) -> Stopped | None:
 
 
 def sample(run: Run, rollout: int, signals: StopOnSignal) -> tuple[RolloutBatch, dict]:
-    """A rollout up to its update: samples, rewards and log-probs, with their metrics. The
-    memory swaps are not cut by a stop (StopOnSignal.uncut)."""
+    """A rollout up to its update: samples, log-probs and rewards, with their metrics (the
+    answers are graded while the log-probs run; reward's time is what is left to wait
+    for). The memory swaps are not cut by a stop (StopOnSignal.uncut)."""
     metrics: dict[str, float] = {}  # what each phase made, then its time and memory
     with phase("swap_to_rollout", metrics, run.device), signals.uncut():
         run.swaps.to_rollout(run.llm)
     with phase("rollout", metrics, run.device):
         batch, made = rollout_phase(run, rollout)
         metrics |= made
-    with phase("reward", metrics, run.device):
-        batch, made = reward_phase(run, batch)
-        metrics |= made
+    grading = start_grading(run, batch)  # grades while the next two phases run
     with phase("swap_to_train", metrics, run.device), signals.uncut():
         run.swaps.to_training(run.llm)
     with phase("logprobs", metrics, run.device):
         batch, made = logprob_phase(run, batch)
+        metrics |= made
+    with phase("reward", metrics, run.device):
+        batch, made = reward_phase(run, batch, grading)
         metrics |= made
     return batch, metrics
 

@@ -1,10 +1,14 @@
 """The rollout's hand-over between the machinery and the algorithm: the engine's samples
 into grpo's RolloutBatch (with what a reward plug-in reads of each), the engine's
 counters as perf/* metrics, and a batch graded (the math grader or reward.function) into
-rewards. train.py's rollout and reward phases call these; grpo/ stays tensors alone.
+rewards, the math grader on a thread of its own while the log-probs are computed
+(BackgroundGrading). train.py's rollout and reward phases call these; grpo/ stays tensors
+alone.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -82,21 +86,62 @@ def generate_metrics(stats: list) -> dict[str, float]:
     }
 
 
-def score_batch(batch: RolloutBatch, tokenizer, cfg: RewardConfig,
-                max_response_len: int | None = None) -> dict:
-    """Decode the responses and grade them: with the plug-in cfg.function when set, else
-    with minisparse.data.reward in cfg.workers processes, cfg.timeout_s per answer; the
-    scores become the batch's rewards (grpo/rewards.py). Returns the grader's stats
-    (accuracy, grade_s; the math grader adds timeouts, over_budget and no_answer)."""
+def grade_responses(batch: RolloutBatch, tokenizer,
+                    cfg: RewardConfig) -> tuple[list[float], dict[str, float]]:
+    """(score per response, the grader's stats: accuracy, grade_s; the math grader adds
+    timeouts, over_budget and no_answer) of the decoded responses: with the plug-in
+    cfg.function when set, else with minisparse.data.reward in cfg.workers processes,
+    cfg.timeout_s per answer."""
     texts = tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
     if cfg.function:
         from minisparse.data.reward_plugin import call_reward_function
 
-        scores, stats = call_reward_function(cfg.function, texts, batch.labels, batch.metadata)
-    else:
-        from minisparse.data.reward import grade_batch
+        return call_reward_function(cfg.function, texts, batch.labels, batch.metadata)
+    from minisparse.data.reward import grade_batch
 
-        grades, stats = grade_batch(texts, batch.labels, timeout_s=cfg.timeout_s,
-                                    workers=cfg.workers)
-        scores = [g.score for g in grades]
-    return set_rewards(batch, scores, stats, cfg, max_response_len)
+    grades, stats = grade_batch(texts, batch.labels, timeout_s=cfg.timeout_s,
+                                workers=cfg.workers)
+    return [g.score for g in grades], stats
+
+
+def score_batch(batch: RolloutBatch, tokenizer, cfg: RewardConfig,
+                max_response_len: int | None = None) -> dict:
+    """grade_responses, whose scores become the batch's rewards (grpo/rewards.py).
+    Returns the grader's stats."""
+    return set_rewards(batch, *grade_responses(batch, tokenizer, cfg), cfg, max_response_len)
+
+
+class BackgroundGrading:
+    """grade_responses of a rollout on a thread of its own, started as the rollout ends.
+
+    Why: the log-prob passes do not need rewards, so the answers are read and graded
+    (math-verify in its processes) while the GPU computes them, not before: on real
+    answers grading took 0.3-2.6 s of a step's time (docs/benchmarks.md, "Grading while
+    the log-probs run"). The processes are launched from the calling (main) thread, so
+    they die with the trainer (data/grading_pool.py). The thread reads the batch and
+    changes nothing; result() hands back what it made."""
+
+    def __init__(self, batch: RolloutBatch, tokenizer, cfg: RewardConfig) -> None:
+        from minisparse.data.reward import launch_grading_processes
+
+        if not cfg.function:
+            launch_grading_processes(cfg.workers)
+        self._graded: tuple[list[float], dict[str, float]] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._grade, args=(batch, tokenizer, cfg),
+                                        name="grading", daemon=True)
+        self._thread.start()
+
+    def _grade(self, batch: RolloutBatch, tokenizer, cfg: RewardConfig) -> None:
+        try:
+            self._graded = grade_responses(batch, tokenizer, cfg)
+        except BaseException as exc:  # noqa: BLE001 - raised again by result()
+            self._error = exc
+
+    def result(self) -> tuple[list[float], dict[str, float]]:
+        """grade_responses' scores and stats, once done; what it raised is raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._graded is not None
+        return self._graded

@@ -371,7 +371,7 @@ def _step_median(pair: str, run: str, rollouts: tuple[int, ...],
      "| GRPO step, CPU Adam, liger-kernel + flash-attn-4, median of rollouts 2-4"),
     ("coder1.5b_real_compaction_ahead", (2, 3, 4),
      "| GRPO step, liger-kernel + flash-attn-4, median"),
-    ("qwen1.5b_real_24gb_1024_compaction_ahead", (2,), "| GRPO step of 1,024 samples"),
+    ("qwen1.5b_real_24gb_1024_grading_beside_logprobs", (2,), "| GRPO step of 1,024 samples"),
 ])
 def test_the_step_pair_rows_are_their_records(pair, rollouts, label):
     """README's step pairs: dense, R-KV, their ratio, and the rollouts' where it is given."""
@@ -395,9 +395,12 @@ def _phase_cells(r: dict) -> list[str]:
             f"{r['time/step_s']:.1f} s"]
 
 
-@pytest.mark.parametrize("pair,slots", [("qwen1.5b_real_24gb_1024_compaction_ahead", ""),
-                                        ("qwen1.5b_real_24gb_1024_slots", "1,024 slots, ")])
-def test_the_real_1024_sample_table_is_its_records(pair, slots):
+@pytest.mark.parametrize("pair,which,rollouts", [
+    ("qwen1.5b_real_24gb_1024_compaction_ahead", "", (1, 2)),
+    ("qwen1.5b_real_24gb_1024_slots", "1,024 slots, ", (2,)),
+    ("qwen1.5b_real_24gb_1024_grading_beside_logprobs", "grading beside the log-probs, ", (1, 2)),
+])
+def test_the_real_1024_sample_table_is_its_records(pair, which, rollouts):
     """The real-weight rows of "One GPU, the paper's whole rollout", and their ratios."""
     table = BENCHMARKS[BENCHMARKS.index("| 1,024 real samples, 24 GB |"):]
     steps = {}
@@ -405,16 +408,39 @@ def test_the_real_1024_sample_table_is_its_records(pair, slots):
         for r in read_metrics(BENCH_PAIRS / pair / run):
             steps[run, r["rollout"]] = r
             assert r["perf/preemptions"] == 0
-            if slots and r["rollout"] == 1:
-                continue  # the 1,024-slot pair's table row is its rollout 2
-            row = _doc_row(table, f"| {label}, {slots}rollout {r['rollout']} |")
-            assert [c.replace("*", "") for c in _cells(row)][1:] == _phase_cells(r)
-    for n in (1, 2):
-        d, c = steps["dense", n], steps["sparse", n]
-        step, rollout = (d[k] / c[k] for k in ("time/step_s", "time/rollout_s"))
-        if not slots:
-            _says(BENCHMARKS, f"{step:.2f}x at rollout 1 ({rollout:.2f}x)" if n == 1 else
-                  f"**{step:.2f}x** dense's at rollout 2 (its rollout {rollout:.2f}x)")
+            if r["rollout"] in rollouts:
+                row = _doc_row(table, f"| {label}, {which}rollout {r['rollout']} |")
+                assert [c.replace("*", "") for c in _cells(row)][1:] == _phase_cells(r)
+    ratios = {n: [steps["dense", n][k] / steps["sparse", n][k]
+                  for k in ("time/step_s", "time/rollout_s")] for n in (1, 2)}
+    if not which:
+        _says(BENCHMARKS, "{:.2f}x at rollout 1 ({:.2f}x)".format(*ratios[1]),
+              "**{:.2f}x** dense's at rollout 2 (its rollout {:.2f}x)".format(*ratios[2]))
+    elif which.startswith("grading"):
+        _says(BENCHMARKS, "**{:.2f}x** dense's at rollout 2".format(ratios[2][0]),
+              "rollout {:.2f}x) and {:.2f}x at rollout 1".format(ratios[2][1], ratios[1][0]))
+
+
+def test_the_grading_table_is_its_records():
+    """"Grading while the log-probs run": the reward phase's wait and the step, rollouts
+    2-4 of the four rounds, before and after."""
+    root = REPO / "docs" / "runs" / "bench" / "grading_beside_logprobs"
+    row = {}
+    for key, label in (("time/reward_s", "| `time/reward_s`"), ("time/step_s", "| step |")):
+        values = {side: [r[key] for n in range(1, 5)
+                         for r in read_metrics(root / f"round{n}" / side) if r["rollout"] > 1]
+                  for side in ("before", "after")}
+        cells = [c.replace("*", "") for c in _cells(_doc_row(BENCHMARKS, label))[1:]]
+        row[key] = cells, values
+    (wait_before, wait_after), waits = row["time/reward_s"]
+    assert wait_before == "{:.2f} s ({})".format(statistics.median(waits["before"]),
+                                                _range(waits["before"], "{:.2f}"))
+    assert wait_after == "{:.3f} s ({})".format(statistics.median(waits["after"]),
+                                               _range(waits["after"], "{:.3f}"))
+    (step_before, step_after), steps = row["time/step_s"]
+    for cell, side in ((step_before, "before"), (step_after, "after")):
+        assert cell == "{:.2f} s ({})".format(statistics.median(steps[side]),
+                                             _range(steps[side], "{:.2f}"))
 
 
 @pytest.mark.parametrize("budget", ["8,192", "10,240"])

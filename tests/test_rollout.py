@@ -1,12 +1,17 @@
 """The rollout's hand-over: score_batch grades with the processes and limit the config
-asks for and shapes the rewards; the engine's generate calls as perf/* metrics."""
+asks for and shapes the rewards, BackgroundGrading does the same beside its caller; the
+engine's generate calls as perf/* metrics."""
+import threading
+
 import pytest
 import torch
+
+import minisparse.data.reward as reward
 
 from minisparse.config.schema import RewardConfig
 from minisparse.engine.sequence import GenerateStats
 from minisparse.grpo.batch import RolloutBatch, rollout_metrics
-from minisparse.rollout import generate_metrics, score_batch
+from minisparse.rollout import BackgroundGrading, generate_metrics, grade_responses, score_batch
 
 
 class CharTokenizer:
@@ -64,6 +69,47 @@ def test_without_a_buffer_rewards_are_the_grades():
     assert batch.rewards.tolist() == [1.0] and "overlong_penalty_mean" not in stats
     with pytest.raises(ValueError, match="max_response_len"):
         score_batch(batch, CharTokenizer(), RewardConfig(overlong_buffer=4))
+
+
+def test_background_grading_runs_beside_its_caller(monkeypatch):
+    """The grader starts on the thread's own time: it is under way (and waits) while the
+    caller goes on, and result() hands back what grade_responses gives, the grading
+    processes launched before the thread starts (from the caller's thread, so they die
+    with the trainer)."""
+    started, release, real = threading.Event(), threading.Event(), reward.grade_batch
+    launched = []
+
+    def held(responses, labels, **kwargs):
+        launched.append(len(reward._grading_pool().workers))
+        started.set()
+        assert release.wait(30)
+        return real(responses, labels, **kwargs)
+
+    monkeypatch.setattr(reward, "grade_batch", held)
+    monkeypatch.setattr(reward, "_pool", None)  # a pool of its own, no workers yet
+    batch = _graded_batch(["\\boxed{2}", "\\boxed{3}", "no answer"], ["stop"] * 3)
+    grading = BackgroundGrading(batch, CharTokenizer(), RewardConfig(workers=2))
+    assert started.wait(30)  # grading under way while this thread runs
+    assert launched == [2]
+    release.set()
+    scores, stats = grading.result()
+    monkeypatch.setattr(reward, "grade_batch", real)
+    want_scores, want_stats = grade_responses(batch, CharTokenizer(), RewardConfig(workers=2))
+    assert scores == want_scores == [1.0, 0.0, 0.0]
+    assert {k: v for k, v in stats.items() if k != "grade_s"} == \
+        {k: v for k, v in want_stats.items() if k != "grade_s"}
+    assert batch.rewards is None  # the thread changed nothing of the batch
+
+
+def test_background_grading_raises_what_the_grader_raised(monkeypatch):
+    def broken(responses, labels, **kwargs):
+        raise OSError("no grading process")
+
+    monkeypatch.setattr(reward, "grade_batch", broken)
+    grading = BackgroundGrading(_graded_batch(["\\boxed{2}"], ["stop"]), CharTokenizer(),
+                                RewardConfig(workers=1))
+    with pytest.raises(OSError, match="no grading process"):
+        grading.result()
 
 
 def test_generate_metrics_sum_the_calls_of_a_rollout():

@@ -133,10 +133,16 @@ class GradingPool:
         except BrokenPipeError:
             worker.restart()
 
+    def launch(self, workers: int) -> None:
+        """Start the missing workers without waiting for them to import math-verify. Called
+        from the main thread, it gives them the death signal that a worker launched from
+        another thread cannot have (_Worker._launch)."""
+        self.workers += [_Worker() for _ in range(workers - len(self.workers))]
+
     def _start(self, workers: int) -> None:
         """Start missing workers; wait (not counted in any batch budget) until at least
         one can take answers."""
-        self.workers += [_Worker() for _ in range(workers - len(self.workers))]
+        self.launch(workers)
         give_up = time.monotonic() + START_TIMEOUT_S
         while not any(w.ready for w in self.workers[:workers]):
             if time.monotonic() > give_up:

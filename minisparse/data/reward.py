@@ -237,6 +237,12 @@ def grading_workers(setting: int, cores: int | None = None,
     return max(1, min(MAX_CHOSEN_WORKERS, cores // (2 * max(1, local_processes))))
 
 
+def launch_grading_processes(workers: int = 1) -> None:
+    """Start the grading processes grade_batch will use (reward.workers, as there) without
+    waiting for them: from the main thread before grading on another (BackgroundGrading)."""
+    _grading_pool().launch(grading_workers(workers))
+
+
 def grade_batch(responses: Sequence[str], labels: Sequence[str],
                 timeout_s: float = DEFAULT_TIMEOUT_S,
                 workers: int = 1) -> tuple[list[Grade], dict[str, float]]:
