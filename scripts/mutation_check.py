@@ -107,7 +107,7 @@ MUTATIONS = [
              "the corrections' kept-token mask not handed to the update"),
     Mutation(T, "run.plan.logprob_tokens, cfg.temperature,", "run.plan.logprob_tokens, 1.0,",
              "old and reference log-probs at temperature 1"),
-    Mutation(T, "batch.rewards, run.cfg.n_samples_per_prompt,", "batch.rewards, 1,",
+    Mutation(T, "batch.rewards, cfg.n_samples_per_prompt,", "batch.rewards, 1,",
              "advantages against groups of one sample (every advantage 0)"),
     Mutation(G + "objective.py", "to_device(t[rows], device)", "to_device(t[: len(rows)], device)",
              "a micro-batch reads the batch's first rows, not its own"),
