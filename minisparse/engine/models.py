@@ -180,8 +180,9 @@ class CausalLM:
             ring_rows = torch.full((N,), -1, dtype=torch.long, device=h.device)
             ring_rows[ctx.ring_src] = ctx.ring_dst
         decode = decode_kernels(h) if ctx.is_decode else None
-        down_parts = ops.split_k_parts(N, *self.layers[0].mlp.down_proj.weight.shape,
-                                       ops.num_sms(h.device))  # every layer's shape
+        sms = ops.num_sms(h.device)  # the parts follow every layer's shapes
+        down_parts = ops.split_k_parts(N, *self.layers[0].mlp.down_proj.weight.shape, sms)
+        o_parts = ops.o_split_parts(N, *self.layers[0].self_attn.o_proj.weight.shape, sms)
         x, h = ops.add_rms_norm(h, None, norms[0].weight, norms[0].variance_epsilon)
         for i, layer in enumerate(self.layers):
             attn, (w_qkv, b_qkv, w_gu) = layer.self_attn, self.fused[i]
@@ -196,24 +197,24 @@ class CausalLM:
                 q = ops.rope_and_cache(qkv, cos, sin, ctx.slot_mapping, k_cache[i], v_cache[i],
                                        self.num_heads, self.num_kv_heads, ring, ring_rows)
                 o = attend(q, k_cache[i], v_cache[i], ctx, self.scale)
-            o = F.linear(o.reshape(N, -1), attn.o_proj.weight, attn.o_proj.bias)
+            o = self._split_linear(ops, attn.o_proj, o.reshape(N, -1), o_parts)
             post = layer.post_attention_layernorm
             x, h = ops.add_rms_norm(o, h, post.weight, post.variance_epsilon)
-            o = self._down(ops, layer.mlp.down_proj, ops.silu_mul(F.linear(x, w_gu)),
-                           down_parts)
+            o = self._split_linear(ops, layer.mlp.down_proj, ops.silu_mul(F.linear(x, w_gu)),
+                                   down_parts)
             nxt = norms[i + 1] if i + 1 < len(norms) else self.base.norm
             x, h = ops.add_rms_norm(o, h, nxt.weight, nxt.variance_epsilon)
         return x
 
     @staticmethod
-    def _down(ops, down: nn.Linear, act: torch.Tensor, parts: int) -> torch.Tensor:
-        """The down projection, as float32 partial products when it has too few output
-        tiles to fill the GPU (parts > 1, from fused_ops.split_k_parts); the next
-        add_rms_norm sums them."""
-        if parts > 1 and down.bias is None and down.weight.is_contiguous() \
+    def _split_linear(ops, linear: nn.Linear, act: torch.Tensor, parts: int) -> torch.Tensor:
+        """The down or output projection, as float32 partial products when it has too few
+        output tiles to fill the GPU (parts > 1, from fused_ops.split_k_parts or
+        o_split_parts); the next add_rms_norm sums them."""
+        if parts > 1 and linear.bias is None and linear.weight.is_contiguous() \
                 and act.is_contiguous():
-            return ops.split_k_linear(act, down.weight, parts)
-        return F.linear(act, down.weight, down.bias)
+            return ops.split_k_linear(act, linear.weight, parts)
+        return F.linear(act, linear.weight, linear.bias)
 
     def _qkv(self, i: int, x: torch.Tensor):
         """q [N, H_q, D], k and v [N, H_kv, D] of layer i: one GEMM when fused."""

@@ -87,6 +87,15 @@ def test_split_k_partials_summed_by_add_rms_norm(ops, device, dtype):
         k.split_k_linear(x, wt, 5)
 
 
+def test_o_split_parts_follow_the_measured_rule(ops):
+    """The 1.5B's output projection (1,536 x 1,536) runs as four parts of 384 inputs up to
+    128 rows and whole above; the 3B's (2,048) in four too; one of 64 inputs never."""
+    assert [ops.o_split_parts(r, 1536, 1536, 132) for r in (1, 16, 64, 128, 129, 256)] == \
+        [4, 4, 4, 4, 1, 1]
+    assert ops.o_split_parts(16, 2048, 2048, 132) == 4
+    assert ops.o_split_parts(16, 64, 64, 132) == 1
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("HQ,HKV", [(4, 2), (6, 2), (6, 3)])
@@ -163,16 +172,17 @@ def test_fused_kernels_switch_picks_the_forward(ops, monkeypatch, qwen2, switch)
     assert engine.lm.fused_kernels is switch and engine.lm._use_kernels(h) is switch
 
 
-@pytest.mark.parametrize("fused_decode,split_down,heads", [(False, False, 4), (True, False, 4),
-                                                           (True, True, 4), (True, False, 6)])
+@pytest.mark.parametrize("fused_decode,split,heads", [(False, False, 4), (True, False, 4),
+                                                      (True, True, 4), (True, False, 6)])
 def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused_decode,
-                                                  split_down, heads):
+                                                  split, heads):
     """The whole engine on the kernel path (interpreted) vs the reference path: same greedy
     tokens, log-probs equal to float32 rounding, dense and with the query ring (R-KV).
     fused_decode: decode steps run RoPE + cache write + attention as one kernel (as on
     CUDA), else RoPE + cache write, then the PyTorch decode attention (as on CPU).
-    split_down: the down projection runs as split_k_linear's partials (the tiny model's
-    is too shallow to be split under the GPU's rule, so the rule's depth is lowered).
+    split: the output and down projections run as split_k_linear's partials (the tiny
+    model's are too shallow to be split under the GPU's rules, so the rules' depths are
+    lowered).
     heads: query heads (6: not a power of two, as the Qwen2.5-1.5B's 12)."""
     from minisparse.config.schema import CompressConfig
 
@@ -193,11 +203,13 @@ def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused
                             lambda *a, **k: calls.append(1) or kernel(*a, **k))
         monkeypatch.setattr(models_mod, "decode_kernels", lambda h: decode)
     splits = []
-    if split_down:
+    if split:
         monkeypatch.setattr(ops, "MIN_SPLIT_INNER", 8)
-        split = ops.split_k_linear
+        monkeypatch.setattr(ops, "O_MIN_SPLIT_INNER", 8)
+        split_k = ops.split_k_linear
         monkeypatch.setattr(ops, "split_k_linear",
-                            lambda x, w, parts: splits.append(parts) or split(x, w, parts))
+                            lambda x, w, parts: splits.append((tuple(w.shape), parts))
+                            or split_k(x, w, parts))
     for c, ref in zip((None, cfg), want):
         engine = make_engine(qwen2, c, page_size=4)
         engine.lm.fuse = True
@@ -207,5 +219,9 @@ def test_kernel_forward_matches_reference_forward(ops, monkeypatch, qwen2, fused
             assert a.token_ids == b.token_ids
             torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
     assert bool(calls) == fused_decode
-    assert bool(splits) == split_down and all(p > 1 for p in splits)
+    assert bool(splits) == split and all(p > 1 for _, p in splits)
+    if split:  # both projections: o [hidden, hidden] and down [hidden, intermediate]
+        c = qwen2.config
+        assert {s for s, _ in splits} == {(c.hidden_size, c.hidden_size),
+                                          (c.hidden_size, c.intermediate_size)}
     assert build("llama").config.hidden_act == "silu"

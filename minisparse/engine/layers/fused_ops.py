@@ -59,7 +59,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     if T:
         _add_rms_kernel[(T,)](x, residual if residual is not None else x, weight, out, res_out,
                               eps, T * N, N=N, BLOCK=triton.next_power_of_2(N),
-                              HAS_RES=residual is not None, PARTS=parts, num_warps=4)
+                              HAS_RES=residual is not None, PARTS=parts,
+                              num_warps=16 if parts else 4)
     return out, res_out
 
 
@@ -79,22 +80,35 @@ def num_sms(device: torch.device) -> int:
 
 MIN_SPLIT_INNER = 2048  # inner size per part below which a part's GEMM is too short
 _TILE = 128  # output rows and columns per tile of the GEMM kernels cuBLAS picks at these sizes
+# The attention output projection: split into parts of at least 384 inputs, up to 128 rows.
+O_MIN_SPLIT_INNER, O_SPLIT_MAX_ROWS = 384, 128
 
 
-def split_k_parts(rows: int, out_features: int, in_features: int, num_sms: int) -> int:
+def split_k_parts(rows: int, out_features: int, in_features: int, num_sms: int,
+                  min_inner: int | None = None) -> int:
     """How many parts split_k_linear should use for a [rows, in] x [in, out] product: the
     most parts (a power of two) whose output tiles still fit in one wave over the SMs, each
-    part at least MIN_SPLIT_INNER deep; 1 means F.linear. Measured on an H200 (the sweep:
-    `git show a66bdc1^:scripts/sweep_split_k.py`): the down projection of the 3B shape at
-    16-512 rows gains 1.06-1.15x with its norm, and q/k/v and o (inner 2,048) lose when
-    split."""
+    part at least min_inner (MIN_SPLIT_INNER) deep; 1 means F.linear. Measured on an H200
+    (the sweep: `git show a66bdc1^:scripts/sweep_split_k.py`): the down projection of the
+    3B shape at 16-512 rows gains 1.06-1.15x with its norm."""
+    min_inner = MIN_SPLIT_INNER if min_inner is None else min_inner
     tiles = -(-rows // _TILE) * -(-out_features // _TILE)
     parts = 1
     while (2 * parts * tiles <= num_sms and in_features % (2 * parts) == 0
-           and in_features // (2 * parts) >= MIN_SPLIT_INNER
+           and in_features // (2 * parts) >= min_inner
            and (in_features // (2 * parts)) % 8 == 0):
         parts *= 2
     return parts
+
+
+def o_split_parts(rows: int, out_features: int, in_features: int, num_sms: int) -> int:
+    """split_k_parts for the attention output projection: parts of at least
+    O_MIN_SPLIT_INNER inputs, at most O_SPLIT_MAX_ROWS rows. Why: on an H200 cuBLAS reads
+    the 1.5B's o weights (1,536 x 1,536) at about 0.9 TB/s at 1-128 rows, 5.3-5.7 us a
+    layer, where four parts of 384 inputs took 4.1-4.7 us."""
+    if rows > O_SPLIT_MAX_ROWS:
+        return 1
+    return split_k_parts(rows, out_features, in_features, num_sms, O_MIN_SPLIT_INNER)
 
 
 def split_k_linear(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
