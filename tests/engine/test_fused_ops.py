@@ -89,10 +89,12 @@ def test_split_k_partials_summed_by_add_rms_norm(ops, device, dtype):
 
 def test_o_split_parts_follow_the_measured_rule(ops):
     """The 1.5B's output projection (1,536 x 1,536) runs as four parts of 384 inputs up to
-    128 rows and whole above; the 3B's (2,048) in four too; one of 64 inputs never."""
+    128 rows and whole above; the 3B's (2,048) in four too; the 7B's (3,584: 28 output
+    tiles) and one of 64 inputs never."""
     assert [ops.o_split_parts(r, 1536, 1536, 132) for r in (1, 16, 64, 128, 129, 256)] == \
         [4, 4, 4, 4, 1, 1]
-    assert ops.o_split_parts(16, 2048, 2048, 132) == 4
+    assert [ops.o_split_parts(r, 2048, 2048, 132) for r in (16, 128, 129)] == [4, 4, 1]
+    assert ops.o_split_parts(16, 3584, 3584, 132) == 1
     assert ops.o_split_parts(16, 64, 64, 132) == 1
 
 

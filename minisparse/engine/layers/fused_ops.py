@@ -80,8 +80,13 @@ def num_sms(device: torch.device) -> int:
 
 MIN_SPLIT_INNER = 2048  # inner size per part below which a part's GEMM is too short
 _TILE = 128  # output rows and columns per tile of the GEMM kernels cuBLAS picks at these sizes
-# The attention output projection: split into parts of at least 384 inputs, up to 128 rows.
-O_MIN_SPLIT_INNER, O_SPLIT_MAX_ROWS = 384, 128
+# The attention output projection: split while its output has at most 16 tiles, into parts
+# of at least 384 inputs.
+O_MAX_TILES, O_MIN_SPLIT_INNER = 16, 384
+
+
+def _tiles(rows: int, out_features: int) -> int:
+    return -(-rows // _TILE) * -(-out_features // _TILE)
 
 
 def split_k_parts(rows: int, out_features: int, in_features: int, num_sms: int,
@@ -92,7 +97,7 @@ def split_k_parts(rows: int, out_features: int, in_features: int, num_sms: int,
     (the sweep: `git show a66bdc1^:scripts/sweep_split_k.py`): the down projection of the
     3B shape at 16-512 rows gains 1.06-1.15x with its norm."""
     min_inner = MIN_SPLIT_INNER if min_inner is None else min_inner
-    tiles = -(-rows // _TILE) * -(-out_features // _TILE)
+    tiles = _tiles(rows, out_features)
     parts = 1
     while (2 * parts * tiles <= num_sms and in_features % (2 * parts) == 0
            and in_features // (2 * parts) >= min_inner
@@ -102,11 +107,13 @@ def split_k_parts(rows: int, out_features: int, in_features: int, num_sms: int,
 
 
 def o_split_parts(rows: int, out_features: int, in_features: int, num_sms: int) -> int:
-    """split_k_parts for the attention output projection: parts of at least
-    O_MIN_SPLIT_INNER inputs, at most O_SPLIT_MAX_ROWS rows. Why: on an H200 cuBLAS reads
-    the 1.5B's o weights (1,536 x 1,536) at about 0.9 TB/s at 1-128 rows, 5.3-5.7 us a
-    layer, where four parts of 384 inputs took 4.1-4.7 us."""
-    if rows > O_SPLIT_MAX_ROWS:
+    """split_k_parts for the attention output projection, in parts of at least
+    O_MIN_SPLIT_INNER inputs, while its output has at most O_MAX_TILES tiles (the 1.5B's
+    and 3B's at up to 128 rows, the 7B's never). Why: on an H200 cuBLAS reads the 1.5B's
+    o weights (1,536 x 1,536) at about 0.9 TB/s at 1-128 rows, 5.3-6.5 us a layer, where
+    four parts of 384 inputs took 4.1-4.7 us (the 3B's: 6.1-6.7 against 4.8-5.8 in four
+    parts); the 7B's (28 tiles) gained at 16 rows but lost at 64-128."""
+    if _tiles(rows, out_features) > O_MAX_TILES:
         return 1
     return split_k_parts(rows, out_features, in_features, num_sms, O_MIN_SPLIT_INNER)
 
