@@ -425,22 +425,17 @@ def test_the_grading_table_is_its_records():
     """"Grading while the log-probs run": the reward phase's wait and the step, rollouts
     2-4 of the four rounds, before and after."""
     root = REPO / "docs" / "runs" / "bench" / "grading_beside_logprobs"
-    row = {}
-    for key, label in (("time/reward_s", "| `time/reward_s`"), ("time/step_s", "| step |")):
-        values = {side: [r[key] for n in range(1, 5)
-                         for r in read_metrics(root / f"round{n}" / side) if r["rollout"] > 1]
-                  for side in ("before", "after")}
-        cells = [c.replace("*", "") for c in _cells(_doc_row(BENCHMARKS, label))[1:]]
-        row[key] = cells, values
-    (wait_before, wait_after), waits = row["time/reward_s"]
-    assert wait_before == "{:.2f} s ({})".format(statistics.median(waits["before"]),
-                                                _range(waits["before"], "{:.2f}"))
-    assert wait_after == "{:.3f} s ({})".format(statistics.median(waits["after"]),
-                                               _range(waits["after"], "{:.3f}"))
-    (step_before, step_after), steps = row["time/step_s"]
-    for cell, side in ((step_before, "before"), (step_after, "after")):
-        assert cell == "{:.2f} s ({})".format(statistics.median(steps[side]),
-                                             _range(steps[side], "{:.2f}"))
+
+    def cell(key: str, side: str, fmt: str) -> str:
+        """"median s (range)" of key over the side's rollouts 2-4."""
+        values = [r[key] for n in range(1, 5)
+                  for r in read_metrics(root / f"round{n}" / side) if r["rollout"] > 1]
+        return f"{fmt.format(statistics.median(values))} s ({_range(values, fmt)})"
+
+    for label, key, formats in (("| `time/reward_s`", "time/reward_s", ("{:.2f}", "{:.3f}")),
+                                ("| step |", "time/step_s", ("{:.2f}", "{:.2f}"))):
+        row = [c.replace("*", "") for c in _cells(_doc_row(BENCHMARKS, label))[1:]]
+        assert row == [cell(key, side, fmt) for side, fmt in zip(("before", "after"), formats)]
 
 
 @pytest.mark.parametrize("budget", ["8,192", "10,240"])
