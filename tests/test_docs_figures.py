@@ -372,6 +372,8 @@ def _step_median(pair: str, run: str, rollouts: tuple[int, ...],
     ("coder1.5b_real_compaction_ahead", (2, 3, 4),
      "| GRPO step, liger-kernel + flash-attn-4, median"),
     ("qwen1.5b_real_24gb_1024_grading_beside_logprobs", (2,), "| GRPO step of 1,024 samples"),
+    ("qwen3b_random_one_after_the_other", (2, 3),
+     "| GRPO step, liger-kernel + flash-attn-4, median of rollouts 2-3, the runs one after"),
 ])
 def test_the_step_pair_rows_are_their_records(pair, rollouts, label):
     """README's step pairs: dense, R-KV, their ratio, and the rollouts' where it is given."""
