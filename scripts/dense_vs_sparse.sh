@@ -11,10 +11,9 @@
 #       bash scripts/dense_vs_sparse.sh                         # a CPU check, seconds
 #
 # With two GPUs or more the runs go at once (GPU 0 compressed, GPU 1 dense, each its own
-# port); otherwise one after the other. At once, the two runs share one host, and the
-# compressed run's training phases have measured 3-9% slower than the dense run's same
-# work (docs/benchmarks.md), so the ratio is a lower bound: AT_ONCE=0 runs them one after
-# the other on GPU 0, with nothing beside them. RUNS=sparse, then RUNS=dense later,
+# port); otherwise one after the other. At once, the two runs share one host's cores and
+# memory, so either may be slowed by the other: AT_ONCE=0 runs them one after the other
+# on GPU 0, with nothing beside them. RUNS=sparse, then RUNS=dense later,
 # splits the pair over two jobs (each under a time limit); the ratio is printed once
 # both runs' metrics are in ROOT. Nothing but the shape is set: the memory plan chooses
 # the rest, as for any run. Settings (environment):

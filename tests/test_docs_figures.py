@@ -387,6 +387,26 @@ def test_the_step_pair_rows_are_their_records(pair, rollouts, label):
         assert rollout == f"{d / s:.2f}x)"
 
 
+def test_the_3b_phase_table_is_its_records():
+    """The phases of the 3B pair, rollouts 2 / 3 (rollout 1's step in brackets)."""
+    section = BENCHMARKS[BENCHMARKS.index("### A GRPO step at the paper's per-GPU shape"):]
+    runs = {run: {m["rollout"]: m for m in read_metrics(
+        BENCH_PAIRS / "qwen3b_random_one_after_the_other" / run)} for run in ("dense", "sparse")}
+
+    def two(run: str, key: str, fmt: str) -> str:
+        return " / ".join(fmt.format(runs[run][n][key]) for n in (2, 3))
+
+    for col, run in enumerate(("dense", "sparse"), start=1):
+        assert _cells(_doc_row(section, "| rollout |"))[col].startswith(
+            f"{two(run, 'time/rollout_s', '{:.1f}')} s "
+            f"({two(run, 'perf/rollout_tokens_per_s', '{:,.0f}')} tokens/s")
+        assert _cells(_doc_row(section, "| **step** |"))[col] == (
+            f"**{two(run, 'time/step_s', '{:.1f}')} s** ({runs[run][1]['time/step_s']:.1f})")
+    ratios = " / ".join(f"{runs['dense'][n]['time/step_s'] / runs['sparse'][n]['time/step_s']:.2f}x"
+                        for n in (2, 3))
+    assert _doc_row(section, "| **dense / R-KV** |").endswith(f"| **{ratios}** |")
+
+
 def _phase_cells(r: dict) -> list[str]:
     """A one-rollout step row's cells after its label, as docs/benchmarks.md prints them:
     rollout (tokens/s, preemptions), log-probs, update (MFU), step."""
