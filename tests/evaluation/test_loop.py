@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
+from spawned_ranks import spawned_rank
 
 from minisparse.config.schema import RewardConfig
 from minisparse.data.benchmarks import Problem
@@ -166,42 +167,17 @@ def _split_problems():
 
 
 def _split_worker(rank, world, init_file, tiny_path, out_dir):
-    import os
     import pickle
-    import sys
-    import time
-
-    import torch.distributed as tdist
 
     from minisparse.evaluation.generate import Shard
     from minisparse.utils.distributed import all_gather_object
 
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                             world_size=world)
-    try:
+    with spawned_rank(rank, world, init_file):
         engine, tok = _eval_engine(tiny_path)
         summary = evaluate(engine, tok, _eval_cfg(**SPLIT_CFG), out_dir / "split", seed=11,
                            problems=_split_problems(), progress=False, log=lambda s: None,
                            shard=Shard(rank, world, all_gather_object))
         (out_dir / f"summary_rank{rank}.pkl").write_bytes(pickle.dumps(summary))
-        # A rank whose gloo group went down while the other's still had work in flight
-        # aborted ("terminate called without an active exception", about 1 full-suite run
-        # in 4 with a barrier alone, whose last message may still be on its way when the
-        # faster rank returns): each rank waits past the barrier until every rank is
-        # past it, through files, before any tears its group down.
-        tdist.barrier()
-        (out_dir / f"past_barrier{rank}").touch()
-        deadline = time.monotonic() + 120
-        while not all((out_dir / f"past_barrier{r}").exists() for r in range(world)):
-            assert time.monotonic() < deadline, "the other rank never got past the barrier"
-            time.sleep(0.01)
-    finally:
-        tdist.destroy_process_group()
-    # and skips the interpreter's teardown, the other place a C++ thread of torch or gloo
-    # can end a finished rank with that abort
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 TIMING = ("generation_s", "tokens_per_s", "grading_s", "engine", "ranks")

@@ -5,6 +5,7 @@ import pickle
 
 import pytest
 import torch
+from spawned_ranks import spawned_rank
 
 from minisparse.config.load import load_config
 from minisparse.config.schema import ConfigError
@@ -94,13 +95,10 @@ def test_one_round_with_enough_signal_is_the_plain_batch():
 
 
 def _two_rank_worker(rank: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as tdist
-
     from minisparse.grpo.advantages import batch_whiten
     from minisparse.utils.distributed import all_reduce
 
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
+    with spawned_rank(rank, 2, init_file):
         # rank 0 has its 2 signal groups after one round; rank 1 needs three rounds
         per_rank = {0: [[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]],
                     1: [[0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]]}
@@ -112,8 +110,6 @@ def _two_rank_worker(rank: int, init_file: str, out_dir: str) -> None:
         result = (len(out), out.labels, drawn, dict(metrics), whitened.tolist())
         with open(f"{out_dir}/rank{rank}.pkl", "wb") as fh:
             pickle.dump(result, fh)
-    finally:
-        tdist.destroy_process_group()
 
 
 def test_two_ranks_draw_in_lockstep_and_end_with_equal_batches(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from spawned_ranks import spawned_rank
 
 from minisparse.models import hub
 from minisparse.models.hub import HubModelError, is_hub_id
@@ -138,8 +139,6 @@ def test_commands_take_a_cached_hub_id_and_refuse_a_missing_one(offline_cache, t
 
 
 def _rank_worker(rank: int, init_file: str, out: str, repo_id: str) -> None:
-    import torch.distributed as tdist
-
     from minisparse.models import hub as worker_hub
 
     os.environ["LOCAL_RANK"] = str(rank)
@@ -151,17 +150,12 @@ def _rank_worker(rank: int, init_file: str, out: str, repo_id: str) -> None:
         return snapshot(repo, local_only)
 
     worker_hub.snapshot = logged
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                             world_size=2)
-    try:
+    with spawned_rank(rank, 2, init_file):
         try:
             result = str(worker_hub.hub_model_dir(repo_id))
         except HubModelError as exc:
             result = f"error: {exc}"
         Path(out, f"rank{rank}.txt").write_text(f"{calls}\n{result}")
-        tdist.barrier()
-    finally:
-        tdist.destroy_process_group()
 
 
 @pytest.mark.parametrize("cached", [True, False])

@@ -2,6 +2,7 @@ import json
 
 import pytest
 import torch
+from spawned_ranks import spawned_rank
 
 from minisparse.models.loading import SHAPES, build_shape_model, load_policy, shape_config
 from minisparse.models.tiny import build_tiny, build_tokenizer
@@ -138,13 +139,8 @@ def test_load_policy_missing_dir_names_path(tmp_path):
 
 def _build_on_rank(rank: int, init_file: str, root: str) -> None:
     """Each of two gloo ranks builds the tiny model into a cache of its own."""
-    import torch.distributed as tdist
-
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
+    with spawned_rank(rank, 2, init_file):
         build_tiny(f"{root}/rank{rank}")
-    finally:
-        tdist.destroy_process_group()
 
 
 def test_build_tiny_under_torchrun_on_any_rank(tiny_path, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import worked_example as ex
 from policy_models import tiny_qwen2
+from spawned_ranks import spawned_rank
 from update_helpers import grads_at_step, rollout_batch, update
 
 from minisparse.config.schema import Config
@@ -206,16 +207,12 @@ def test_update_by_hand_on_the_worked_example(device, max_tokens):
 def _nonfinite_worker(rank: int, init_file: str, out_dir: str) -> None:
     """ZeRO 2 over two ranks (gloo on the CPU, nccl on two GPUs); rank 1's first sample
     has a NaN advantage."""
-    import torch.distributed as tdist
-
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")  # as torchrun
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-    tdist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"file://{init_file}",
-                             rank=rank, world_size=2)
-    try:
+    with spawned_rank(rank, 2, init_file, "nccl" if on_gpu else "gloo"):
         cfg = _cfg(zero_stage=2, max_tokens_per_gpu=9)  # [7] [5, 4] [4]: 3 micro-batches
         torch.manual_seed(0)
         train_engine = _train_engine(cfg, device)
@@ -229,8 +226,6 @@ def _nonfinite_worker(rank: int, init_file: str, out_dir: str) -> None:
         torch.save({"skipped": skipped, "unchanged": unchanged, "then_skipped": applied,
                     "moved": not torch.equal(before, _params(train_engine))},
                    f"{out_dir}/rank{rank}.pt")
-    finally:
-        tdist.destroy_process_group()
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from spawned_ranks import spawned_rank
 
 from minisparse.trainer.train_engine import cpu_adam_missing, deepspeed_config
 
@@ -67,7 +68,6 @@ def _engine_worker(rank: int, init_file: str, out: str, stage: int) -> None:
     cpu_adam, and the same on a copy with torch's AdamW and plain backward()."""
     import copy
 
-    import torch.distributed as tdist
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from minisparse.config.load import load_config
@@ -75,8 +75,7 @@ def _engine_worker(rank: int, init_file: str, out: str, stage: int) -> None:
     from minisparse.trainer.train_engine import build_train_engine, make_optimizer
 
     os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
-    try:
+    with spawned_rank(0, 1, init_file):
         sets = ["optim.lr=1e-2", "optim.weight_decay=0.1", "optim.grad_clip=0",
                 "model.dtype=float32"]
         cfg = load_config("tiny_rkv", [*sets, "optimizer_offload=cpu_adam", f"zero_stage={stage}"])
@@ -105,8 +104,6 @@ def _engine_worker(rank: int, init_file: str, out: str, stage: int) -> None:
                     "optimizer": type(engine.optimizer.optimizer).__name__,
                     "offloaded": engine.zero_cpu_offload(),
                     "swaps": TrainingStateOffload(engine).active}, out)
-    finally:
-        tdist.destroy_process_group()
 
 
 @pytest.mark.parametrize("stage", [1, 2])
@@ -149,14 +146,12 @@ def test_tiny_training_run_with_cpu_adam(cpu_adam, tmp_path):
 def _resume_worker(rank: int, init_file: str, folder: str, first: str, second: str) -> None:
     """One step under `first`, a checkpoint, a resume under `second` and one more step,
     beside two steps under `first` alone: the same weights."""
-    import torch.distributed as tdist
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from minisparse.config.load import load_config
     from minisparse.trainer.train_engine import build_train_engine
 
     os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
 
     def engine(offload: str):
         torch.manual_seed(0)
@@ -172,7 +167,7 @@ def _resume_worker(rank: int, init_file: str, folder: str, first: str, second: s
         e.backward(e.module(input_ids=ids).logits.square().mean(), scale_wrt_gas=False)
         e.step()
 
-    try:
+    with spawned_rank(0, 1, init_file):
         alone = engine(first)
         step(alone, 0), step(alone, 1)
         before = engine(first)
@@ -183,8 +178,6 @@ def _resume_worker(rank: int, init_file: str, folder: str, first: str, second: s
         step(after, 1)
         flat = lambda e: torch.cat([p.detach().flatten() for p in e.module.parameters()])  # noqa: E731
         torch.save({"alone": flat(alone), "resumed": flat(after)}, f"{folder}/weights.pt")
-    finally:
-        tdist.destroy_process_group()
 
 
 @pytest.mark.parametrize("first,second", [("false", "cpu_adam"), ("cpu_adam", "false")])

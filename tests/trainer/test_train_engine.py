@@ -2,6 +2,7 @@ import os
 
 import pytest
 import torch
+from spawned_ranks import spawned_rank
 
 from minisparse.config.schema import Config
 from minisparse.trainer.train_engine import deepspeed_config, lr_factor, param_groups
@@ -74,8 +75,7 @@ def _zero_worker(rank: int, init_file: str, stage: int, out_dir: str) -> None:
     from minisparse.trainer.train_engine import build_train_engine
 
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")  # as torchrun
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
+    with spawned_rank(rank, 2, init_file):
         cfg = load_config("tiny_rkv", [f"zero_stage={stage}", "optim.lr=1e-2",
                                        "model.dtype=float32"])
         torch.manual_seed(0)
@@ -100,8 +100,6 @@ def _zero_worker(rank: int, init_file: str, stage: int, out_dir: str) -> None:
         weights = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
         torch.save({"start": start, "weights": weights, "before_step": before_step},
                    f"{out_dir}/zero{stage}_rank{rank}.pt")
-    finally:
-        tdist.destroy_process_group()
 
 
 def test_zero_1_and_2_train_alike_and_differ_in_when_they_reduce(tmp_path):
